@@ -1,0 +1,32 @@
+"""llamaspec: speculative decoding for GGUF models on llama.cpp.
+
+    from llamaspec import load_pair
+    pair = load_pair("target.gguf", "draft.gguf", n_gpu_layers=-1)
+    for piece in pair.stream("def quicksort(arr):", max_tokens=256):
+        print(piece.text, end="", flush=True)
+    print(pair.last_stats)
+"""
+from .errors import (ContextOverflowError, DecodeError, GPUOutOfMemoryError, IncompatiblePairError,
+                     InvalidParameterError, LlamaspecError, ModelFileError, ModelLoadError, UnsupportedModelError)
+from .policy import AutoPolicy, ConfidencePolicy, DraftPolicy, FixedPolicy, ThresholdPolicy, make_policy
+from .sampling import SamplerConfig
+from .stats import GenerationStats
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The engine imports llama_cpp (a compiled library); load it only when it is used.
+    if name in ("load_pair", "Pair", "Piece", "Completion"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")
+
+
+__all__ = [
+    "load_pair", "Pair", "Piece", "Completion", "GenerationStats", "SamplerConfig",
+    "DraftPolicy", "AutoPolicy", "FixedPolicy", "ConfidencePolicy", "ThresholdPolicy", "make_policy",
+    "LlamaspecError", "ModelFileError", "IncompatiblePairError", "UnsupportedModelError", "ModelLoadError",
+    "GPUOutOfMemoryError", "ContextOverflowError", "InvalidParameterError", "DecodeError",
+]

@@ -1,0 +1,164 @@
+"""Options shared by the commands that load a pair (chat, run, bench, serve), with llama.cpp-style names, and the
+one place that turns a user-facing error into one line on stderr and a non-zero exit."""
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+
+import click
+
+from ..errors import LlamaspecError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def fail(message: str, code: int = EXIT_ERROR):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func):
+    """Run a command body; LlamaspecError (and Ctrl-C) become one clear line, unless --debug is given."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        debug = kwargs.pop("debug", False)
+        try:
+            return func(*args, **kwargs)
+        except LlamaspecError as e:
+            if debug:
+                traceback.print_exc()
+            fail(str(e))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except OSError as e:
+            if debug:
+                traceback.print_exc()
+            fail(f"{e.strerror or e}" + (f": {e.filename}" if getattr(e, "filename", None) else ""))
+
+    return click.option("--debug", is_flag=True, help="Show tracebacks for errors.")(wrapper)
+
+
+def pair_options(func):
+    """-m/-md (or --pair) and the loading and drafting options, as llama.cpp users type them."""
+    options = [
+        click.option("-m", "--model", "model", type=click.Path(dir_okay=False), help="Target GGUF file."),
+        click.option("-md", "--model-draft", "model_draft", type=click.Path(dir_okay=False),
+                     help="Draft GGUF file (same tokenizer as the target)."),
+        click.option("--pair", "pair_name", help="A named pair from models.toml (see `llamaspec models list`)."),
+        click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone."),
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True,
+                     help="Target layers on the GPU (-1 = all)."),
+        click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None,
+                     help="Draft layers on the GPU (default: as -ngl)."),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+                     help="Context size in tokens."),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True),
+        click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads (default: physical cores)."),
+        click.option("-td", "--threads-draft", "draft_n_threads", type=click.IntRange(min=1), default=None),
+        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+                     show_default=True),
+        click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
+                     type=click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])),
+        click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
+                     type=click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])),
+        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=click.IntRange(min=0), default=None,
+                     help="Put the draft on this GPU."),
+        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]),
+                     default="layer", show_default=True),
+        click.option("-ts", "--tensor-split", "tensor_split", default=None,
+                     help="Fractions of the target per GPU, e.g. 3,1."),
+        click.option("--rpc", "rpc_servers", default=None, help="llama.cpp RPC servers host:port,... (RPC build)."),
+        click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
+        click.option("--policy", type=click.Choice(["auto", "fixed", "confidence", "threshold"]), default="auto",
+                     show_default=True, help="Draft-length policy."),
+        click.option("--draft-max", "--draft", "draft_max", type=click.IntRange(min=0), default=None,
+                     help="Draft length (fixed) or its maximum (other policies)."),
+        click.option("--draft-min", "draft_min", type=click.IntRange(min=0), default=None),
+        click.option("--draft-p-min", "draft_p_min", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+                     help="Stop drafting when the draft's top probability falls below this."),
+        click.option("--lookup", "drafter", flag_value="lookup+model", default=False,
+                     help="Prompt lookup first, then the draft model."),
+        click.option("--lookup-only", "drafter", flag_value="lookup",
+                     help="Prompt lookup (n-gram) drafting, no draft model."),
+        click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts."),
+        click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def sampler_options(func):
+    options = [
+        click.option("-n", "--max-tokens", "-n-predict", "max_tokens", type=click.IntRange(min=1), default=256,
+                     show_default=True),
+        click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help="0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True),
+        click.option("-s", "--seed", type=click.IntRange(min=0), default=None),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def sampler_kwargs(opts: dict) -> dict:
+    return {k: opts[k] for k in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")}
+
+
+def resolve_model_paths(opts: dict) -> tuple[str, str | None, dict]:
+    """(target path, draft path or None, defaults from the registry entry)."""
+    defaults: dict = {}
+    target, draft = opts.get("model"), opts.get("model_draft")
+    if opts.get("pair_name"):
+        if target:
+            raise click.UsageError("give either --pair or -m/--model, not both")
+        from ..registry import resolve_pair
+
+        target, draft, defaults = resolve_pair(opts["pair_name"], assume_yes=opts.get("assume_yes", False))
+    if not target:
+        raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
+    if opts.get("no_draft"):
+        draft = None
+    return str(target), (str(draft) if draft else None), defaults
+
+
+def load_pair_from_options(opts: dict):
+    """Load the pair the options describe (warns and continues on CPU when GPU layers were asked for but the
+    installed llama.cpp cannot offload)."""
+    from ..backend import supports_gpu_offload
+    from ..engine import load_pair
+
+    target, draft, defaults = resolve_model_paths(opts)
+    n_gpu_layers = opts["n_gpu_layers"]
+    if n_gpu_layers != 0 and not supports_gpu_offload() and opts.get("_warn_gpu", True):
+        if n_gpu_layers > 0:
+            click.echo("warning: this llama-cpp-python build cannot use a GPU; running on the CPU "
+                       "(`llamaspec doctor` shows how to install a CUDA build)", err=True)
+    tensor_split = None
+    if opts.get("tensor_split"):
+        try:
+            tensor_split = [float(x) for x in opts["tensor_split"].split(",")]
+        except ValueError:
+            raise click.BadParameter(f"not a list of numbers: {opts['tensor_split']!r}", param_hint="--tensor-split")
+    n_ctx = opts["n_ctx"] if opts.get("n_ctx") is not None else defaults.get("n_ctx", 4096)
+    return load_pair(
+        target, draft,
+        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"),
+        n_ctx=n_ctx, n_batch=opts["n_batch"], n_threads=opts.get("n_threads"),
+        draft_n_threads=opts.get("draft_n_threads"), flash_attn=opts["flash_attn"],
+        cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"], main_gpu=opts["main_gpu"],
+        draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"], tensor_split=tensor_split,
+        rpc_servers=opts.get("rpc_servers"), no_repack=True if opts.get("no_repack") else None,
+        policy=opts["policy"], draft_max=opts.get("draft_max", defaults.get("draft_max")),
+        draft_min=opts.get("draft_min"), draft_p_min=opts.get("draft_p_min"),
+        drafter=opts.get("drafter") or "model", verbose=opts.get("verbose", False),
+    )

@@ -1,0 +1,134 @@
+"""Where draft tokens come from: a small draft model, prompt lookup (n-grams of the text so far), or both.
+
+A drafter proposes up to `max_len` tokens that follow `history + [last]`; in sampling mode it also fills one row of
+`probs_out` with the distribution each token was drawn from (the q of the rejection rule). Drafters know nothing
+about acceptance or the target.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import Context
+from .sampling import SamplerConfig, filtered_probs, max_prob, sample_from
+
+
+def common_prefix_len(a, b, start: int = 0) -> int:
+    """Length of the common prefix of two token sequences, assuming the first `start` tokens are known equal."""
+    n = min(len(a), len(b))
+    start = min(start, n)
+    if start == n:
+        return n
+    x = np.asarray(a[start:n], dtype=np.int64)
+    y = np.asarray(b[start:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return start + (int(diff[0]) if len(diff) else n - start)
+
+
+class ModelDrafter:
+    """Drafts with a small model; its KV cache follows the committed history and is never re-decoded."""
+
+    name = "draft-model"
+
+    def __init__(self, ctx: Context, n_vocab_target: int):
+        self.ctx = ctx
+        self.n_vocab = ctx.n_vocab
+        self.n_vocab_target = n_vocab_target
+        self._known_equal = 0  # ctx.tokens[:known_equal] == history[:known_equal]
+        self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
+
+    def sync(self, history: list[int], known_equal: int | None = None) -> None:
+        """Make the cache hold a prefix of history, then decode the rest of it (no logits)."""
+        start = self._known_equal if known_equal is None else known_equal
+        common = common_prefix_len(self.ctx.tokens, history, start)
+        if not self.ctx.truncate(common):
+            self.ctx.clear()
+            common = 0
+        if common < len(history):
+            self.ctx.eval(history[common:], logits="none")
+        self._known_equal = len(history)
+
+    def draft(self, history: list[int], last: int, max_len: int, p_min: float, cfg: SamplerConfig,
+              rng: np.random.Generator, probs_out: np.ndarray | None) -> list[int]:
+        common = common_prefix_len(self.ctx.tokens, history, self._known_equal)
+        if not self.ctx.truncate(common):
+            self.ctx.clear()
+            common = 0
+        # catch up on what the target accepted since the last draft, and decode `last`, in one batch
+        logits = self.ctx.eval(history[common:] + [last], logits="last")[0]
+        self._known_equal = len(history) + 1
+        drafted: list[int] = []
+        for i in range(max_len):
+            if cfg.greedy:
+                token = int(logits.argmax())
+                confidence = max_prob(logits, self._scratch) if p_min > 0 else 1.0
+            else:
+                q = probs_out[i]
+                if self.n_vocab < len(q):  # the target's vocabulary is padded beyond the draft's
+                    q[self.n_vocab:] = 0.0
+                filtered_probs(logits, cfg, out=q[:self.n_vocab])
+                token = sample_from(q, rng)
+                confidence = float(q.max()) if p_min > 0 else 1.0
+            if confidence < p_min:
+                break  # the draft is unsure: stop before this token (llama.cpp's p_min rule)
+            drafted.append(token)
+            if i + 1 == max_len or token >= self.n_vocab_target:
+                break
+            logits = self.ctx.eval([token], logits="last")[0]
+        return drafted
+
+
+class PromptLookupDrafter:
+    """Proposes the continuation of the most recent earlier occurrence of the last n tokens (n = ngram_max..min).
+
+    No model: it shines on input-grounded output (editing code, quoting, reformatting) where the text repeats.
+    Its proposals are deterministic, so in sampling mode q is a point mass on each proposed token.
+    """
+
+    name = "prompt-lookup"
+
+    def __init__(self, ngram_max: int = 4, ngram_min: int = 2, n_vocab: int = 0):
+        self.ngram_max, self.ngram_min, self.n_vocab = ngram_max, ngram_min, n_vocab
+
+    def sync(self, history: list[int], known_equal: int | None = None) -> None:
+        pass
+
+    def lookup(self, tokens: np.ndarray, max_len: int) -> list[int]:
+        n_tok = len(tokens)
+        for n in range(min(self.ngram_max, n_tok - 1), self.ngram_min - 1, -1):
+            tail = tokens[n_tok - n:]
+            # candidate starts: positions where the first token of the tail occurs (vectorised), newest first
+            starts = np.flatnonzero(tokens[:n_tok - n] == tail[0])
+            for s in starts[::-1]:
+                if np.array_equal(tokens[s:s + n], tail):
+                    cont = tokens[s + n:s + n + max_len]
+                    if len(cont):
+                        return [int(t) for t in cont]
+        return []
+
+    def draft(self, history: list[int], last: int, max_len: int, p_min: float, cfg: SamplerConfig,
+              rng: np.random.Generator, probs_out: np.ndarray | None) -> list[int]:
+        tokens = np.asarray(history + [last], dtype=np.int64)
+        drafted = self.lookup(tokens, max_len)
+        if probs_out is not None:
+            for i, tok in enumerate(drafted):
+                probs_out[i].fill(0.0)
+                probs_out[i][tok] = 1.0
+        return drafted
+
+
+class CombinedDrafter:
+    """Prompt lookup first; the draft model when lookup finds nothing."""
+
+    name = "lookup+draft-model"
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+
+    def sync(self, history, known_equal=None) -> None:
+        self.model.sync(history, known_equal)
+
+    def draft(self, history, last, max_len, p_min, cfg, rng, probs_out) -> list[int]:
+        drafted = self.lookup.draft(history, last, max_len, p_min, cfg, rng, probs_out)
+        if drafted:
+            return drafted
+        return self.model.draft(history, last, max_len, p_min, cfg, rng, probs_out)

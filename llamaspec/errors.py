@@ -1,0 +1,42 @@
+"""Errors meant for users: each one carries a message a person can act on.
+
+Every error raised on purpose by llamaspec derives from `LlamaspecError`, so a caller (the CLI, the server)
+can catch that one type and print `str(err)` as a single line.
+"""
+from __future__ import annotations
+
+
+class LlamaspecError(Exception):
+    """Base class of every error llamaspec raises for bad input or an unusable environment."""
+
+
+class ModelFileError(LlamaspecError):
+    """A model path is missing, unreadable, not a GGUF file, or truncated."""
+
+
+class IncompatiblePairError(LlamaspecError):
+    """The draft cannot speculate for the target (different tokenizers, special tokens, ...)."""
+
+
+class UnsupportedModelError(LlamaspecError):
+    """The model loads but cannot be used the way it was asked for (e.g. a recurrent target with a draft)."""
+
+
+class ModelLoadError(LlamaspecError):
+    """llama.cpp refused to load a model or create its context."""
+
+
+class GPUOutOfMemoryError(ModelLoadError):
+    """llama.cpp could not allocate GPU memory for weights, KV cache or compute buffers."""
+
+
+class ContextOverflowError(LlamaspecError):
+    """The prompt (plus what must be generated) does not fit in the context window."""
+
+
+class InvalidParameterError(LlamaspecError, ValueError):
+    """A generation or sampler parameter is out of range; the message names the parameter."""
+
+
+class DecodeError(LlamaspecError):
+    """llama_decode failed mid-generation (the caches are rolled back to the last consistent point)."""

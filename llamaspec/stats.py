@@ -1,0 +1,68 @@
+"""Per-request statistics, returned as a dataclass; the CLI and the server decide how to print them."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    policy: str = "none"
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0   # prompt tokens already in the KV caches from an earlier request
+    tokens_generated: int = 0
+    target_passes: int = 0          # verification decodes (one per step; plain decoding = one per token)
+    drafted: int = 0
+    accepted: int = 0
+    accepted_lengths: Counter = field(default_factory=Counter)  # n_accepted -> steps
+    draft_lengths: Counter = field(default_factory=Counter)     # tokens drafted -> steps
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_total: float = 0.0
+    time_to_first_token: float = 0.0
+    time_in_decode: float = 0.0     # seconds spent inside llama_decode (both models), for the Python overhead
+    finish_reason: str | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target pass (accepted draft tokens + the target's own token)."""
+        return self.tokens_generated / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def time_other(self) -> float:
+        return max(0.0, self.time_total - self.time_prefill - self.time_draft - self.time_verify)
+
+    @property
+    def decode_time(self) -> float:
+        """Generation time after the prompt was processed."""
+        return max(self.time_total - self.time_prefill, 1e-9)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.decode_time if self.tokens_generated else 0.0
+
+    @property
+    def python_overhead(self) -> float:
+        """Fraction of generation wall time spent outside llama_decode."""
+        busy = self.time_total - self.time_prefill
+        return max(0.0, 1.0 - self.time_in_decode / busy) if busy > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["accepted_lengths"] = {str(k): v for k, v in sorted(self.accepted_lengths.items())}
+        d["draft_lengths"] = {str(k): v for k, v in sorted(self.draft_lengths.items())}
+        for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "time_other", "python_overhead"):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        line = f"{self.tokens_generated} tokens, {self.tokens_per_second:.1f} tok/s"
+        if self.drafted:
+            line += (f", acceptance {self.acceptance_rate:.0%}, {self.mean_accepted_length:.2f} tokens/pass"
+                     f", policy {self.policy}")
+        return line
