@@ -308,6 +308,13 @@ class Pair:
 # ---------------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
+def _is_pair_name(name) -> bool:
+    from pathlib import Path
+
+    text = str(name)
+    return not text.endswith(".gguf") and "/" not in text and "\\" not in text and not Path(text).exists()
+
+
 def load_pair(
     target: str,
     draft: str | None = None,
@@ -341,6 +348,10 @@ def load_pair(
     from .backend import init_backend
 
     init_backend(verbose)
+    if draft is None and _is_pair_name(target):
+        from .registry import resolve_pair  # a named pair from models.toml, downloaded on first use
+
+        target, draft, _defaults = resolve_pair(target, assume_yes=True)
     if no_repack is None:
         no_repack = env_flag("LLAMASPEC_NO_REPACK")
     target_info = read_model_info(target)
