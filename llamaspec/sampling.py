@@ -79,9 +79,11 @@ def _apply_top_p(probs: np.ndarray, top_p: float) -> None:
         cand = np.arange(probs.shape[0])  # the nucleus is wider than the candidates: sort everything
     order = cand[np.argsort(probs[cand])[::-1]]
     cumulative = np.cumsum(probs[order], dtype=np.float64)
-    n_keep = int(np.searchsorted(cumulative, target)) + 1  # include the token that crosses top_p
-    threshold = probs[order[min(n_keep, len(order)) - 1]]
-    probs[probs < threshold] = 0.0
+    n_keep = min(int(np.searchsorted(cumulative, target)) + 1, len(order))  # include the token crossing top_p
+    kept = order[:n_keep]
+    values = probs[kept]
+    probs[:] = 0.0
+    probs[kept] = values
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:

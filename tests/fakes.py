@@ -1,0 +1,98 @@
+"""A fake backend: models whose logits are a deterministic function of the token sequence, and contexts that record
+every decode, so the engine's bookkeeping (positions, rollback, no re-decoding) can be checked without llama.cpp."""
+from __future__ import annotations
+
+import numpy as np
+
+from llamaspec.engine import Pair
+
+
+class FakeModel:
+    """Next-token logits depend on the last two tokens: a peaked 'true' token plus a little noise.
+
+    `disagree` (0..1) is how often the draft version puts its peak elsewhere (decided per context, deterministically).
+    """
+
+    def __init__(self, n_vocab: int = 64, eog: int = 1, disagree: float = 0.0, salt: int = 0, sharpness: float = 8.0):
+        self.n_vocab, self.eog, self.disagree, self.salt, self.sharpness = n_vocab, eog, disagree, salt, sharpness
+        self.path = type("P", (), {"name": "fake.gguf"})()
+
+    def true_next(self, tokens) -> int:
+        a, b = (tokens[-2] if len(tokens) > 1 else 0), tokens[-1]
+        return (a * 7 + b * 13 + 5) % (self.n_vocab - 2) + 2  # never 0 or 1 (1 is the end-of-generation token)
+
+    def logits(self, tokens) -> np.ndarray:
+        rng = np.random.default_rng(hash((tuple(tokens[-2:]), len(tokens) % 5)) % (2**32))
+        row = rng.standard_normal(self.n_vocab).astype(np.float32)
+        peak = self.true_next(tokens)
+        if self.disagree and (hash((tuple(tokens[-2:]), self.salt)) % 1000) / 1000 < self.disagree:
+            peak = (peak + 1 + self.salt) % (self.n_vocab - 2) + 2
+        row[peak] += self.sharpness
+        return row
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+    def token_bytes(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def tokenize(self, text, add_special=True, parse_special=True):
+        return [2 + (ord(c) % (self.n_vocab - 2)) for c in text]
+
+    def detokenize(self, tokens):
+        return "".join(f"<{t}>" for t in tokens)
+
+
+class FakeContext:
+    def __init__(self, model: FakeModel, n_ctx: int = 256, n_batch: int = 64):
+        self.model, self.n_ctx, self.n_batch, self.n_vocab = model, n_ctx, n_batch, model.n_vocab
+        self.tokens: list[int] = []
+        self.decoded: list[int] = []      # every token ever decoded, in order
+        self.evals: list[int] = []        # batch sizes
+        self.decode_seconds = 0.0
+        self._out = None
+
+    @property
+    def n_past(self):
+        return len(self.tokens)
+
+    def eval(self, tokens, logits="last"):
+        tokens = [int(t) for t in tokens]
+        assert tokens, "empty eval"
+        assert self.n_past + len(tokens) <= self.n_ctx, "context overflow not prevented by the engine"
+        rows = []
+        for i, t in enumerate(tokens):
+            self.tokens.append(t)
+            if logits == "all" or (logits == "last" and i == len(tokens) - 1):
+                rows.append(self.model.logits(self.tokens))
+        self.decoded.extend(tokens)
+        self.evals.append(len(tokens))
+        self.decode_seconds += 1e-4 * len(tokens)
+        if logits == "none":
+            return None
+        self._out = np.stack(rows)
+        return self._out
+
+    def truncate(self, n):
+        del self.tokens[n:]
+        return True
+
+    def resync(self):
+        pass
+
+    def clear(self):
+        self.tokens.clear()
+
+    def close(self):
+        pass
+
+
+def fake_pair(disagree: float = 0.0, policy=None, n_ctx: int = 256, drafter: str = "model", **kw) -> Pair:
+    target = FakeModel(**kw)
+    draft = FakeModel(disagree=disagree, salt=3, **kw)
+    return Pair(target, FakeContext(target, n_ctx), draft, FakeContext(draft, n_ctx), policy, drafter=drafter)
+
+
+def plain_pair(n_ctx: int = 256, **kw) -> Pair:
+    target = FakeModel(**kw)
+    return Pair(target, FakeContext(target, n_ctx))

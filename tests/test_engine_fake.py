@@ -1,0 +1,173 @@
+"""The speculative loop over a fake backend: bookkeeping, losslessness, stops, rollback."""
+import numpy as np
+import pytest
+
+from fakes import FakeContext, FakeModel, fake_pair, plain_pair
+from llamaspec.engine import Pair, StopMatcher
+from llamaspec.errors import ContextOverflowError, InvalidParameterError
+from llamaspec.policy import FixedPolicy, ThresholdPolicy
+
+PROMPT = [5, 9, 11, 3]
+
+
+def test_greedy_speculative_equals_plain_decoding():
+    expected = plain_pair().generate(PROMPT, max_tokens=60).tokens
+    for disagree in (0.0, 0.3, 0.9):
+        for k in (1, 3, 7):
+            got = fake_pair(disagree, FixedPolicy(k)).generate(PROMPT, max_tokens=60).tokens
+            assert got == expected, (disagree, k)
+
+
+def test_identical_draft_is_always_accepted():
+    pair = fake_pair(0.0, FixedPolicy(4))
+    c = pair.generate(PROMPT, max_tokens=50)
+    assert c.stats.acceptance_rate == 1.0
+    assert c.stats.target_passes == 10  # 5 tokens per pass
+
+
+def test_target_cache_holds_exactly_the_history_after_each_request():
+    pair = fake_pair(0.5, FixedPolicy(4))
+    c = pair.generate(PROMPT, max_tokens=30)
+    # committed = prompt + every emitted token but the newest (still pending)
+    assert pair.target_ctx.tokens == PROMPT + c.tokens[:-1]
+
+
+def test_no_token_is_decoded_twice_by_the_target():
+    pair = fake_pair(0.5, FixedPolicy(4))
+    c = pair.generate(PROMPT, max_tokens=40)
+    # each verify decodes [last] + drafts; rejected drafts are the only re-decoded positions
+    decoded = len(pair.target_ctx.decoded)
+    assert decoded == len(PROMPT) - 1 + c.stats.target_passes + c.stats.drafted
+
+
+def test_draft_cache_never_redecodes_accepted_tokens():
+    pair = fake_pair(0.0, FixedPolicy(3))
+    c = pair.generate(PROMPT, max_tokens=40)
+    # with everything accepted, the draft decodes the prompt once and each emitted token once (plus its own drafts)
+    assert len(pair.draft_ctx.decoded) <= len(PROMPT) + c.stats.tokens_generated + c.stats.target_passes
+
+
+def test_second_request_reuses_the_cached_prefix():
+    pair = fake_pair(0.2, FixedPolicy(3))
+    first = pair.generate(PROMPT, max_tokens=20)
+    follow_up = PROMPT + first.tokens + [7, 8]
+    second = pair.generate(follow_up, max_tokens=10)
+    assert second.stats.prompt_tokens_cached == len(PROMPT) + len(first.tokens) - 1
+    assert second.tokens == plain_pair().generate(follow_up, max_tokens=10).tokens
+
+
+def test_max_tokens_respected_inside_an_accepted_run():
+    for n in (1, 2, 7, 13):
+        c = fake_pair(0.0, FixedPolicy(5)).generate(PROMPT, max_tokens=n)
+        assert len(c.tokens) == n and c.finish_reason == "length"
+
+
+def test_context_full_gives_a_clear_finish_reason():
+    pair = fake_pair(0.0, FixedPolicy(4), n_ctx=30)
+    c = pair.generate(PROMPT, max_tokens=100)
+    assert c.finish_reason == "context"
+    assert len(PROMPT) + len(c.tokens) - 1 == 30
+
+
+def test_prompt_longer_than_context_is_refused():
+    with pytest.raises(ContextOverflowError, match="prompt is 40 tokens"):
+        fake_pair(n_ctx=32).generate(list(range(2, 42)), max_tokens=5)
+
+
+def test_bad_generation_values_are_refused():
+    pair = fake_pair()
+    with pytest.raises(InvalidParameterError, match="max_tokens"):
+        pair.generate(PROMPT, max_tokens=0)
+    with pytest.raises(InvalidParameterError, match="temperature"):
+        pair.generate(PROMPT, temperature=-1)
+    with pytest.raises(InvalidParameterError, match="empty"):
+        pair.generate([], max_tokens=3)
+
+
+def test_end_of_generation_token_stops_and_is_not_emitted():
+    target = FakeModel()
+    expected = plain_pair().generate(PROMPT, max_tokens=30).tokens
+    target.eog = expected[10]  # pretend the 11th token ends the generation
+    pair = Pair(target, FakeContext(target), FakeModel(), FakeContext(FakeModel()), FixedPolicy(4))
+    c = pair.generate(PROMPT, max_tokens=30)
+    assert c.finish_reason == "stop" and c.tokens == expected[:10]
+
+
+def test_stop_string_across_token_boundaries_is_not_emitted():
+    plain = plain_pair().generate(PROMPT, max_tokens=20)
+    text = plain.text  # pieces look like <12><34>...
+    cut = text.index(">", 20) + 1
+    stop = text[cut - 2:cut + 3]  # spans a token boundary
+    c = fake_pair(0.3, FixedPolicy(3)).generate(PROMPT, max_tokens=20, stop=[stop, "never"])
+    assert c.finish_reason == "stop"
+    assert c.text == text[:text.index(stop)]
+
+
+def test_stop_matcher_holds_back_only_possible_prefixes():
+    m = StopMatcher(["END"])
+    assert m.push("abcE") == ("abc", False)
+    assert m.push("N") == ("", False)
+    assert m.push("x") == ("ENx", False)
+    assert m.push("yyEND tail") == ("yy", True)
+
+
+def test_seeded_sampling_is_reproducible():
+    a = fake_pair(0.3, FixedPolicy(3), sharpness=1.0).generate(PROMPT, max_tokens=40, temperature=0.9, seed=7)
+    b = fake_pair(0.3, FixedPolicy(3), sharpness=1.0).generate(PROMPT, max_tokens=40, temperature=0.9, seed=7)
+    c = fake_pair(0.3, FixedPolicy(3), sharpness=1.0).generate(PROMPT, max_tokens=40, temperature=0.9, seed=8)
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def test_closing_the_stream_early_leaves_caches_consistent():
+    pair = fake_pair(0.3, FixedPolicy(4))
+    gen = pair.stream(PROMPT, max_tokens=50)
+    got = [next(gen).token for _ in range(7)]
+    gen.close()
+    assert pair.last_stats.finish_reason == "cancelled"
+    assert pair.target_ctx.tokens == pair._history
+    # the next request continues correctly from the cache
+    again = pair.generate(PROMPT, max_tokens=12)
+    assert again.tokens == plain_pair().generate(PROMPT, max_tokens=12).tokens
+    assert got == again.tokens[:7]
+
+
+def test_interrupt_mid_step_restores_consistency():
+    pair = fake_pair(0.3, FixedPolicy(4))
+    calls = {"n": 0}
+    original = pair.target_ctx.eval
+
+    def flaky_eval(tokens, logits="last"):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            original(tokens, logits)
+            raise KeyboardInterrupt  # after llama_decode stored the batch, before the engine committed
+        return original(tokens, logits)
+
+    pair.target_ctx.eval = flaky_eval
+    with pytest.raises(KeyboardInterrupt):
+        pair.generate(PROMPT, max_tokens=40)
+    pair.target_ctx.eval = original
+    assert pair.target_ctx.tokens[:len(pair._history)] == pair._history
+    assert pair.generate(PROMPT, max_tokens=15).tokens == plain_pair().generate(PROMPT, max_tokens=15).tokens
+
+
+def test_stats_count_what_happened():
+    pair = fake_pair(0.4, ThresholdPolicy(k=3, window=2))
+    c = pair.generate(PROMPT, max_tokens=60)
+    s = c.stats
+    assert s.tokens_generated == 60
+    assert s.accepted <= s.drafted
+    assert sum(s.draft_lengths.values()) == s.target_passes
+    assert sum(n * steps for n, steps in s.accepted_lengths.items()) == s.accepted
+    assert s.tokens_generated <= s.accepted + s.target_passes
+    assert 0 < s.acceptance_rate < 1
+    assert s.to_dict()["acceptance_rate"] == s.acceptance_rate
+
+
+def test_prompt_lookup_drafts_repeated_text():
+    target = FakeModel()
+    pair = Pair(target, FakeContext(target), policy=FixedPolicy(4), drafter="lookup")
+    prompt = PROMPT * 6  # the fake model's continuation of a repeated pattern often repeats too
+    c = pair.generate(prompt, max_tokens=40)
+    assert c.tokens == plain_pair().generate(prompt, max_tokens=40).tokens
+    assert c.stats.drafted > 0

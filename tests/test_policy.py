@@ -1,0 +1,88 @@
+"""Draft-length policies, with plain integers and made-up timings."""
+import pytest
+
+from llamaspec.errors import InvalidParameterError
+from llamaspec.policy import AutoPolicy, ConfidencePolicy, FixedPolicy, ThresholdPolicy, make_policy
+
+
+def test_fixed_policy_never_changes():
+    p = FixedPolicy(5)
+    for accepted in (0, 5, 2):
+        p.update(5, accepted, 0.01, 0.02)
+        assert p.next_draft_len() == 5
+
+
+def test_confidence_policy_carries_p_min():
+    p = ConfidencePolicy(k_max=6, p_min=0.8)
+    assert (p.next_draft_len(), p.p_min) == (6, 0.8)
+
+
+def test_threshold_lowers_k_below_40_percent_and_raises_above_75():
+    p = ThresholdPolicy(k=4, k_min=2, k_max=6, window=2)
+    p.update(4, 1, 0, 0)
+    assert p.next_draft_len() == 4  # window not full yet
+    p.update(4, 1, 0, 0)            # 25% < 40%
+    assert p.next_draft_len() == 3
+    for _ in range(10):
+        p.update(3, 0, 0, 0)
+    assert p.next_draft_len() == 2  # not below k_min
+    for _ in range(20):
+        p.update(p.next_draft_len(), p.next_draft_len(), 0, 0)
+    assert p.next_draft_len() == 6  # not above k_max
+
+
+def test_threshold_keeps_k_between_the_bounds_of_acceptance():
+    p = ThresholdPolicy(k=4, window=2)
+    for _ in range(10):
+        p.update(4, 2, 0, 0)  # 50%: between 40% and 75%
+    assert p.next_draft_len() == 4
+
+
+def run_auto(acceptance: float, t_draft: float, verify, steps: int = 300) -> AutoPolicy:
+    """Feed the policy a synthetic machine: per-position acceptance, draft cost per token, verify cost curve."""
+    import random
+
+    rng = random.Random(0)
+    p = AutoPolicy(k_max=10, p_min=0.0)
+    for _ in range(steps):
+        k = p.next_draft_len()
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        p.update(k, accepted, k * t_draft, verify(k + 1))
+    return p
+
+
+def test_auto_turns_speculation_off_when_it_cannot_pay():
+    p = run_auto(acceptance=0.05, t_draft=0.5, verify=lambda n: 1.0 + 0.3 * (n - 1))
+    assert p.next_draft_len() == 0 or p._since_probe == 0
+
+
+def test_auto_drafts_long_when_the_draft_is_cheap_and_right():
+    p = run_auto(acceptance=0.95, t_draft=0.02, verify=lambda n: 1.0 + 0.02 * (n - 1))
+    assert p.next_draft_len() >= 6
+
+
+def test_auto_picks_a_moderate_length_for_a_moderate_draft():
+    p = run_auto(acceptance=0.7, t_draft=0.05, verify=lambda n: 1.0 + 0.05 * (n - 1))
+    # the analytic optimum of (1 - a^(k+1)) / ((1 - a)(k c + v(k))) is k = 4..6 here
+    assert 2 <= p.next_draft_len() <= 7
+
+
+def test_auto_probes_while_speculation_is_off():
+    p = run_auto(acceptance=0.0, t_draft=1.0, verify=lambda n: 1.0 + (n - 1))
+    lengths = []
+    for _ in range(40):
+        k = p.next_draft_len()
+        lengths.append(k)
+        p.update(k, 0, k * 1.0, 1.0 + k)
+    assert lengths.count(0) >= 30 and any(k > 0 for k in lengths)
+
+
+def test_make_policy_rejects_unknown_names_and_bad_values():
+    with pytest.raises(InvalidParameterError, match="unknown draft policy"):
+        make_policy("fastest")
+    with pytest.raises(InvalidParameterError, match="p_min"):
+        make_policy("confidence", p_min=1.5)
+    with pytest.raises(InvalidParameterError, match="k"):
+        FixedPolicy(-1)

@@ -1,0 +1,102 @@
+"""Pure numpy: sampler filters and the two acceptance rules."""
+import numpy as np
+import pytest
+
+from llamaspec.errors import InvalidParameterError
+from llamaspec.sampling import SamplerConfig, filtered_probs, max_prob, sample_from
+from llamaspec.verify import accept_greedy, accept_rejection
+
+
+def test_greedy_accepts_the_matching_prefix_then_the_targets_token():
+    argmax = np.array([5, 6, 9, 8])
+    assert accept_greedy(np.array([5, 6, 7]), argmax) == (2, 9)
+    assert accept_greedy(np.array([4, 6, 9]), argmax) == (0, 5)
+
+
+def test_greedy_all_accepted_takes_the_bonus_token():
+    assert accept_greedy(np.array([5, 6, 9]), np.array([5, 6, 9, 8])) == (3, 8)
+    assert accept_greedy(np.array([], dtype=np.int64), np.array([3])) == (0, 3)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
+    dict(min_p=-0.1), dict(min_p=2.0), dict(seed=-3), dict(top_k=2.5),
+])
+def test_invalid_sampler_values_name_the_parameter(bad):
+    with pytest.raises(InvalidParameterError) as err:
+        SamplerConfig(**{**dict(temperature=1.0), **bad})
+    assert next(iter(bad)) in str(err.value)
+
+
+def test_filtered_probs_apply_temperature_topk_topp_minp():
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.1], dtype=np.float32))
+    p = filtered_probs(logits, SamplerConfig(temperature=1.0))
+    np.testing.assert_allclose(p, [0.5, 0.25, 0.15, 0.1], rtol=1e-5)
+    p = filtered_probs(logits, SamplerConfig(temperature=1.0, top_k=2))
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0, 0], rtol=1e-5)
+    p = filtered_probs(logits, SamplerConfig(temperature=1.0, top_p=0.7))  # 0.5 + 0.25 crosses 0.7
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3, 0, 0], rtol=1e-5)
+    p = filtered_probs(logits, SamplerConfig(temperature=1.0, min_p=0.25))  # keep p >= 0.125
+    np.testing.assert_allclose(p, np.array([0.5, 0.25, 0.15, 0]) / 0.9, rtol=1e-5)
+    p = filtered_probs(logits, SamplerConfig(temperature=0.5))
+    q = np.array([0.5, 0.25, 0.15, 0.1]) ** 2
+    np.testing.assert_allclose(p, q / q.sum(), rtol=1e-5)
+
+
+def test_top_p_nucleus_wider_than_candidates_is_exact():
+    logits = np.zeros(5000, dtype=np.float32)  # uniform: the nucleus needs 90% of 5000 tokens
+    p = filtered_probs(logits, SamplerConfig(temperature=1.0, top_p=0.9))
+    assert 4490 <= np.count_nonzero(p) <= 4510
+
+
+def test_filtered_probs_does_not_write_the_logits():
+    logits = np.arange(10, dtype=np.float32)
+    before = logits.copy()
+    filtered_probs(logits, SamplerConfig(temperature=0.7, top_k=3))
+    np.testing.assert_array_equal(logits, before)
+
+
+def test_max_prob_matches_softmax():
+    logits = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    e = np.exp(logits - 3)
+    assert max_prob(logits) == pytest.approx(1 / e.sum())
+
+
+def test_sample_from_follows_the_distribution():
+    rng = np.random.default_rng(0)
+    p = np.array([0.1, 0.0, 0.6, 0.3])
+    counts = np.bincount([sample_from(p, rng) for _ in range(20000)], minlength=4) / 20000
+    assert counts[1] == 0
+    np.testing.assert_allclose(counts, p, atol=0.015)
+
+
+def _rejection_output_distribution(p, q, n=40000, seed=1):
+    """Empirical distribution of the first emitted token under speculative sampling with one draft token."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(len(p))
+    for _ in range(n):
+        x = sample_from(q, rng)
+        n_acc, nxt = accept_rejection(np.array([x]), q[None, :], lambda i: p, rng)
+        out[x if n_acc == 1 else nxt] += 1
+    return out / n
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    p = np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32)
+    q = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
+    np.testing.assert_allclose(_rejection_output_distribution(p, q), p, atol=0.01)
+
+
+def test_rejection_sampling_with_a_point_mass_draft():
+    p = np.array([0.2, 0.7, 0.1], dtype=np.float32)
+    q = np.array([0.0, 0.0, 1.0], dtype=np.float32)  # prompt lookup proposes token 2 deterministically
+    np.testing.assert_allclose(_rejection_output_distribution(p, q), p, atol=0.01)
+
+
+def test_rejection_accepts_everything_when_draft_equals_target():
+    p = np.array([0.25, 0.25, 0.5], dtype=np.float32)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        drafts = np.array([sample_from(p, rng) for _ in range(3)])
+        n_acc, _ = accept_rejection(drafts, np.stack([p, p, p]), lambda i: p, rng)
+        assert n_acc == 3
