@@ -6,6 +6,8 @@ about acceptance or the target.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .backend import Context
@@ -25,37 +27,65 @@ def common_prefix_len(a, b, start: int = 0) -> int:
 
 
 class ModelDrafter:
-    """Drafts with a small model; its KV cache follows the committed history and is never re-decoded."""
+    """Drafts with a small model whose KV cache follows the committed history; accepted tokens are never
+    re-decoded.
+
+    The cache holds history[offset:] (offset is 0 unless the draft fell far behind or ran out of context): after a
+    long stretch without drafting (the policy had turned speculation off), catching up on every missed token would
+    cost as much as drafting them, so the draft restarts on the last `window` tokens instead. Its positions are its
+    own, so a window is a valid (shorter) context.
+    """
 
     name = "draft-model"
 
-    def __init__(self, ctx: Context, n_vocab_target: int):
+    def __init__(self, ctx: Context, n_vocab_target: int, window: int = 64, max_catchup: int = 128):
         self.ctx = ctx
         self.n_vocab = ctx.n_vocab
         self.n_vocab_target = n_vocab_target
-        self._known_equal = 0  # ctx.tokens[:known_equal] == history[:known_equal]
+        self.window, self.max_catchup = window, max_catchup
+        self.offset = 0           # history index of the cache's first token
+        self._known_equal = 0     # ctx.tokens[:known_equal] == history[offset:offset + known_equal]
+        self.catchup_seconds = 0.0
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
 
+    def _align(self, history: list[int], extra: int) -> list[int]:
+        """Drop what the cache holds beyond the common prefix with history; return what it still has to decode."""
+        rel = history[self.offset:] if self.offset else history
+        common = common_prefix_len(self.ctx.tokens, rel, self._known_equal)
+        missing = len(rel) - common
+        too_long = len(rel) + extra > self.ctx.n_ctx
+        if missing > self.max_catchup or too_long or not self.ctx.truncate(common):
+            self.ctx.clear()
+            self.offset = max(0, len(history) - self.window) if (missing > self.max_catchup or too_long) else 0
+            rel, common = history[self.offset:], 0
+        return rel[common:]
+
     def sync(self, history: list[int], known_equal: int | None = None) -> None:
-        """Make the cache hold a prefix of history, then decode the rest of it (no logits)."""
-        start = self._known_equal if known_equal is None else known_equal
-        common = common_prefix_len(self.ctx.tokens, history, start)
-        if not self.ctx.truncate(common):
+        """Bring the cache up to date with history (used at prefill, so the first draft step is cheap)."""
+        if known_equal is not None:
+            self._known_equal = min(known_equal, self._known_equal)
+        self.offset = 0
+        rel = history
+        common = common_prefix_len(self.ctx.tokens, rel, self._known_equal)
+        if len(rel) + 1 > self.ctx.n_ctx:
+            self.ctx.clear()
+            self.offset = max(0, len(history) - self.window)
+            rel, common = history[self.offset:], 0
+        elif not self.ctx.truncate(common):
             self.ctx.clear()
             common = 0
-        if common < len(history):
-            self.ctx.eval(history[common:], logits="none")
-        self._known_equal = len(history)
+        if common < len(rel):
+            self.ctx.eval(rel[common:], logits="none")
+        self._known_equal = len(rel)
 
     def draft(self, history: list[int], last: int, max_len: int, p_min: float, cfg: SamplerConfig,
               rng: np.random.Generator, probs_out: np.ndarray | None) -> list[int]:
-        common = common_prefix_len(self.ctx.tokens, history, self._known_equal)
-        if not self.ctx.truncate(common):
-            self.ctx.clear()
-            common = 0
+        t0 = time.perf_counter()
+        missing = self._align(history, max_len + 1)
         # catch up on what the target accepted since the last draft, and decode `last`, in one batch
-        logits = self.ctx.eval(history[common:] + [last], logits="last")[0]
-        self._known_equal = len(history) + 1
+        logits = self.ctx.eval(missing + [last], logits="last")[0]
+        self.catchup_seconds = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
+        self._known_equal = len(history) - self.offset + 1
         drafted: list[int] = []
         for i in range(max_len):
             if cfg.greedy:
@@ -88,6 +118,8 @@ class PromptLookupDrafter:
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2, n_vocab: int = 0):
         self.ngram_max, self.ngram_min, self.n_vocab = ngram_max, ngram_min, n_vocab
+
+    catchup_seconds = 0.0
 
     def sync(self, history: list[int], known_equal: int | None = None) -> None:
         pass
@@ -124,11 +156,16 @@ class CombinedDrafter:
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
 
+    @property
+    def catchup_seconds(self) -> float:
+        return self.model.catchup_seconds
+
     def sync(self, history, known_equal=None) -> None:
         self.model.sync(history, known_equal)
 
     def draft(self, history, last, max_len, p_min, cfg, rng, probs_out) -> list[int]:
         drafted = self.lookup.draft(history, last, max_len, p_min, cfg, rng, probs_out)
         if drafted:
+            self.model.catchup_seconds = 0.0
             return drafted
         return self.model.draft(history, last, max_len, p_min, cfg, rng, probs_out)

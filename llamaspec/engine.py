@@ -244,8 +244,8 @@ class Pair:
         if common < len(history):
             ctx.eval(history[common:], logits="none")
         self._history = list(history)
-        if self.drafter is not None:
-            self.drafter.sync(self._history, known_equal=0)
+        if self.drafter is not None and self.policy.next_draft_len() > 0:
+            self.drafter.sync(self._history, known_equal=0)  # else the drafter catches up when next used
         return common
 
     def _step(self, cfg: SamplerConfig, rng: np.random.Generator, budget: int,
@@ -293,7 +293,9 @@ class Pair:
         history.extend(batch[:1 + n_accepted])
         self._last = next_token
 
-        self.policy.update(len(drafted), n_accepted, t1 - t0, t2 - t1)
+        # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost
+        catchup = getattr(self.drafter, "catchup_seconds", 0.0) if drafted else 0.0
+        self.policy.update(len(drafted), n_accepted, max(t1 - t0 - catchup, 0.0), t2 - t1)
         stats.target_passes += 1
         stats.drafted += len(drafted)
         stats.accepted += n_accepted

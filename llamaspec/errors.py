@@ -40,3 +40,7 @@ class InvalidParameterError(LlamaspecError, ValueError):
 
 class DecodeError(LlamaspecError):
     """llama_decode failed mid-generation (the caches are rolled back to the last consistent point)."""
+
+
+class RegistryError(LlamaspecError):
+    """A named pair is unknown, models.toml is malformed, or its files cannot be found or downloaded."""

@@ -102,18 +102,22 @@ class AutoPolicy(DraftPolicy):
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
     time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
     k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding. When plain decoding wins, a short
-    draft is still tried every `probe_every` steps so the estimates can recover when the text gets easier.
+    draft is still tried now and then (after `probe_every` steps, the interval doubling while probes confirm it;
+    only every `max_probe_interval` steps when even a perfect draft could not pay on this machine), so the
+    estimates recover when the text gets easier.
     All estimates are exponentially decayed averages, so the policy follows changes within a request.
     """
 
     name = "auto"
 
     def __init__(self, k_max: int = 12, p_min: float = 0.5, k_start: int = 3, probe_every: int = 16,
-                 decay: float = 0.95):
+                 max_probe_interval: int = 1024, decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
         self.k_start = min(_check_k("k_start", k_start, 1), self.k_max)
         self.probe_every = _check_k("probe_every", probe_every, 1)
+        self.max_probe_interval = max(_check_k("max_probe_interval", max_probe_interval, 1), self.probe_every)
+        self._probe_interval = self.probe_every
         self.decay = decay
         # acceptance at each draft position: decayed (accepted, tried) counts with a weak 0.6 prior
         self._acc = [0.6] * (self.k_max + 1)
@@ -168,6 +172,15 @@ class AutoPolicy(DraftPolicy):
             return self.k_start
         return max(known)[1]
 
+    def perfect_draft_gain(self) -> float | None:
+        """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
+        on this machine whatever the text, and probing acceptance is pointless."""
+        plain = self.verify_time(1)
+        if plain is None or self._t_draft is None:
+            return None
+        best = max((k + 1) / (k * self._t_draft + self.verify_time(k + 1)) for k in range(1, self.k_max + 1))
+        return best * plain
+
     # -- the two questions ----------------------------------------------------------------------------------
     def next_draft_len(self) -> int:
         return self._k
@@ -191,12 +204,21 @@ class AutoPolicy(DraftPolicy):
             self._k = 0  # measure one plain pass early: every comparison is against it
             return
         best = self._best_k()
+        if best > 0:
+            self._since_probe, self._probe_interval = 0, self.probe_every
+            self._k = best
+            return
+        # Speculation does not pay now. Probe again later, less and less often while probes keep confirming it;
+        # when even a perfect draft could not pay (the machine's costs), probe rarely: only costs could change.
         self._since_probe += 1
-        if best == 0 and self._since_probe >= self.probe_every:
-            best, self._since_probe = max(1, min(2, self.k_max)), 0
-        elif best > 0:
-            self._since_probe = 0
-        self._k = best
+        if drafted:
+            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
+        gain = self.perfect_draft_gain()
+        interval = self.max_probe_interval if gain is not None and gain < 1.0 else self._probe_interval
+        if self._since_probe >= interval:
+            self._since_probe, self._k = 0, min(2, self.k_max)
+        else:
+            self._k = 0
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,

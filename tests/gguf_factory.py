@@ -67,8 +67,8 @@ def _copy_tokenizer(writer: GGUFWriter, vocab_path: Path, n_vocab: int | None = 
     token_types = list(np.asarray(info.get("tokenizer.ggml.token_type")).astype(int))
     if n_vocab is not None and n_vocab > len(tokens):  # padded vocabulary, as Qwen's 152064
         extra = n_vocab - len(tokens)
-        tokens += [f"[PAD{i}]".encode() for i in range(extra)]
-        token_types += [5] * extra  # USER_DEFINED... llama.cpp accepts; 5 = UNUSED
+        tokens += [f"[PAD{i}]".encode() for i in range(len(tokens), n_vocab)]  # Qwen names them by id
+        token_types += [5] * extra  # 5 = UNUSED, as in Qwen's files
     for key, value in info.metadata.items():
         if not key.startswith("tokenizer."):
             continue

@@ -1,4 +1,5 @@
 """Draft-length policies, with plain integers and made-up timings."""
+import numpy as np
 import pytest
 
 from llamaspec.errors import InvalidParameterError
@@ -54,8 +55,9 @@ def run_auto(acceptance: float, t_draft: float, verify, steps: int = 300) -> Aut
 
 
 def test_auto_turns_speculation_off_when_it_cannot_pay():
-    p = run_auto(acceptance=0.05, t_draft=0.5, verify=lambda n: 1.0 + 0.3 * (n - 1))
-    assert p.next_draft_len() == 0 or p._since_probe == 0
+    costs = dict(t_draft=0.3, verify=lambda n: 1.0 + 0.3 * (n - 1))
+    p = run_auto(acceptance=0.05, **costs)
+    assert _lengths_after(p, 200, 0, **costs).count(0) >= 190
 
 
 def test_auto_drafts_long_when_the_draft_is_cheap_and_right():
@@ -69,14 +71,40 @@ def test_auto_picks_a_moderate_length_for_a_moderate_draft():
     assert 2 <= p.next_draft_len() <= 7
 
 
-def test_auto_probes_while_speculation_is_off():
-    p = run_auto(acceptance=0.0, t_draft=1.0, verify=lambda n: 1.0 + (n - 1))
+def _lengths_after(p, steps, accepted, t_draft, verify):
     lengths = []
-    for _ in range(40):
+    for _ in range(steps):
         k = p.next_draft_len()
         lengths.append(k)
-        p.update(k, 0, k * 1.0, 1.0 + k)
-    assert lengths.count(0) >= 30 and any(k > 0 for k in lengths)
+        p.update(k, min(k, accepted), k * t_draft, verify(k + 1))
+    return lengths
+
+
+def test_auto_probes_less_and_less_while_the_draft_keeps_failing():
+    cheap = dict(t_draft=0.01, verify=lambda n: 1.0 + 0.01 * (n - 1))
+    p = run_auto(acceptance=0.0, steps=20, **cheap)
+    lengths = _lengths_after(p, 400, 0, **cheap)
+    probes = [i for i, k in enumerate(lengths) if k > 0]
+    assert lengths.count(0) >= 380 and len(probes) >= 3
+    gaps = np.diff(probes)
+    assert gaps[-1] > gaps[0]  # backing off
+
+
+def test_auto_recovers_when_the_draft_becomes_good():
+    cheap = dict(t_draft=0.01, verify=lambda n: 1.0 + 0.01 * (n - 1))
+    p = run_auto(acceptance=0.0, steps=60, **cheap)
+    assert p.next_draft_len() in (0, 2)
+    lengths = _lengths_after(p, 200, 99, **cheap)  # now every draft token is right
+    assert lengths[-1] >= 6
+
+
+def test_auto_stays_off_when_even_a_perfect_draft_cannot_pay():
+    # a CPU where verifying n tokens costs n plain passes and the draft costs half the target
+    costly = dict(t_draft=0.5, verify=lambda n: float(n))
+    p = run_auto(acceptance=1.0, steps=10, **costly)
+    assert p.perfect_draft_gain() < 1.0
+    lengths = _lengths_after(p, 500, 99, **costly)
+    assert lengths.count(0) >= 499
 
 
 def test_make_policy_rejects_unknown_names_and_bad_values():

@@ -1,0 +1,64 @@
+"""`llamaspec serve`: an OpenAI-compatible HTTP endpoint (click code only; the app lives in llamaspec.server)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import main
+from .options import fail, handle_errors, load_pair_from_options, pair_options
+
+
+@main.command()
+@pair_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 exposes the server to your network.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 = any free port.")
+@click.option("--api-key", envvar="LLAMASPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every route but /health [env LLAMASPEC_API_KEY].")
+@click.option("--admin-key", envvar="LLAMASPEC_ADMIN_KEY", default=None,
+              help="Key for /admin routes (default: the --api-key; without either, admin is off) "
+                   "[env LLAMASPEC_ADMIN_KEY].")
+@click.option("--alias", "model_id", default=None, help="Model id clients use (default: the target file's name).")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Requests that may wait while one generates; beyond that: 429.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True,
+              help="Largest request body accepted (413 beyond).")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds in-flight requests get to finish after Ctrl-C/SIGTERM before they are cancelled.")
+@click.option("--access-log", is_flag=True, help="Log every request.")
+@handle_errors
+def serve(**opts):
+    """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics)."""
+    try:
+        from ..server import ServerConfig, bind, create_app
+        from ..server import serve as run_server
+    except ImportError as e:
+        fail(f"the server needs extra packages ({e.name} is missing): pip install 'llamaspec[server]'")
+    if opts["host"] not in ("127.0.0.1", "localhost", "::1") and not opts["api_key"]:
+        click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
+                   "can use the model", err=True)
+    pair = load_pair_from_options(opts)
+    service = None
+    try:
+        model_id = opts["model_id"] or opts.get("pair_name") or Path(pair.target.path).stem
+        config = ServerConfig(
+            model_id=model_id, api_key=opts["api_key"], admin_key=opts["admin_key"], max_queue=opts["max_queue"],
+            max_body_bytes=opts["max_body_bytes"],
+            policy_settings={k: opts.get(k) for k in ("policy", "draft_max", "draft_min", "draft_p_min")})
+        app = create_app(pair, config)
+        service = app.state.service
+        if service.template_error:
+            click.echo(f"warning: /v1/chat/completions is unavailable: {service.template_error}", err=True)
+        sock = bind(opts["host"], opts["port"])
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        draft = pair.draft.path.name if pair.draft is not None else "none"
+        click.echo(f"llamaspec serve: listening on http://{shown}:{port} (model {model_id!r}, draft {draft}, "
+                   f"policy {pair.policy.name if pair.speculative else 'none'}; Ctrl-C to stop)", err=True)
+        run_server(app, sock, shutdown_timeout=opts["shutdown_timeout"], access_log=opts["access_log"])
+        click.echo("llamaspec serve: stopped", err=True)
+    finally:
+        # the worker thread must be idle before the models are freed; if it hangs, the process exit frees them
+        if service is None or service.stop():
+            pair.close()

@@ -1,0 +1,233 @@
+"""A memory plan from GGUF headers alone: weights, KV cache and compute buffers of a target and a draft, whether
+both fit on a GPU, and if not, which single change (-ngl, -c, KV type) makes them fit.
+
+The estimates follow what llama.cpp allocates (checked against its load log on CPU):
+  weights = sum of tensor bytes (exact: the "model buffer size")
+  KV      = n_layer * n_ctx * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)   (exact)
+  compute = max(logits, attention scores) + 2 * n_embd * n_ubatch * 4
+            logits = n_vocab * n_ubatch * 4 (only where the output layer is); attention scores (no flash
+            attention) = 1.1 * n_ctx * n_ubatch * n_head * 4                   (within ~3% on CPU)
+Offloading follows llama.cpp: -ngl N puts the last N repeating layers (and their KV) on the GPU, the output layer
+only when N > n_layer, and the token embeddings stay on the CPU (a tied output matrix is duplicated on the GPU).
+This module knows nothing about llama.cpp itself and loads no weights.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .errors import InvalidParameterError
+from .gguf_meta import ModelInfo
+
+GiB = 2**30
+MiB = 2**20
+DEFAULT_VRAM_GB = 24.0
+# CUDA context, cuBLAS workspace and the like: not in any llama.cpp buffer, a rough per-process estimate.
+GPU_RUNTIME_OVERHEAD = 400 * MiB
+ATTENTION_SLACK = 1.1
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+_LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
+_OUTPUT_TENSORS = ("output.weight", "output_norm.weight", "output.bias", "output_norm.bias")
+
+
+def kv_bytes_per_element(kv_type: str) -> float:
+    """f16 = 2, q8_0 = 34/32, q4_0 = 18/32, ... (block bytes / block elements)."""
+    if kv_type not in KV_TYPES:
+        raise InvalidParameterError(f"KV cache type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[kv_type.upper()]]
+    return type_size / block_size
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the estimate depends on besides the model: the context options of both models."""
+
+    n_ctx: int = 4096
+    n_ubatch: int = 512
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = True     # llama.cpp's "auto" turns it on wherever it is supported
+
+
+def kv_heads_per_layer(info: ModelInfo) -> list[int]:
+    raw = info.arch_get("attention.head_count_kv", info.n_head)
+    if isinstance(raw, (list, tuple)) or hasattr(raw, "tolist"):
+        heads = [int(h) for h in list(raw)]
+        return (heads + [heads[-1] if heads else 0] * info.n_layer)[:info.n_layer]
+    return [int(raw)] * info.n_layer
+
+
+def kv_cache_bytes(info: ModelInfo, settings: Settings, n_layers: int | None = None) -> int:
+    """KV cache of the last `n_layers` layers (all by default) at settings.n_ctx cells."""
+    per_layer = [h * (info.head_dim_k * kv_bytes_per_element(settings.type_k)
+                      + info.head_dim_v * kv_bytes_per_element(settings.type_v)) for h in kv_heads_per_layer(info)]
+    layers = per_layer if n_layers is None else per_layer[len(per_layer) - n_layers:] if n_layers else []
+    return int(sum(layers) * settings.n_ctx)
+
+
+def compute_buffer_bytes(info: ModelInfo, settings: Settings, with_output: bool = True) -> int:
+    logits = info.n_vocab * settings.n_ubatch * 4 if with_output else 0
+    scores = 0 if settings.flash_attn else ATTENTION_SLACK * settings.n_ctx * settings.n_ubatch * info.n_head * 4
+    activations = 2 * info.n_embd * settings.n_ubatch * 4
+    return int(max(logits, scores) + activations)
+
+
+def _layer_bytes(info: ModelInfo) -> tuple[list[int], int, int]:
+    """(bytes of each repeating layer, bytes of the output layer on a GPU, bytes of the input embeddings)."""
+    layers = [0] * info.n_layer
+    output = embeddings = 0
+    names = {t.name for t in info.tensors}
+    for t in info.tensors:
+        m = _LAYER_TENSOR.match(t.name)
+        if m and int(m.group(1)) < info.n_layer:
+            layers[int(m.group(1))] += t.n_bytes
+        elif t.name in _OUTPUT_TENSORS:
+            output += t.n_bytes
+        elif t.name == "token_embd.weight":
+            embeddings = t.n_bytes
+            if "output.weight" not in names:
+                output += t.n_bytes   # tied embeddings: llama.cpp duplicates the matrix for the output layer
+    return layers, output, embeddings
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """One model's memory at one offload setting. `gpu_*` is what lands on the GPU."""
+
+    name: str
+    n_layer: int
+    n_gpu_layers: int          # as given: -1 = all
+    weights: int               # all tensors: RAM for a CPU-only run
+    kv_cache: int
+    compute: int
+    gpu_weights: int
+    gpu_kv_cache: int
+    gpu_compute: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute
+
+    @property
+    def gpu_total(self) -> int:
+        return self.gpu_weights + self.gpu_kv_cache + self.gpu_compute
+
+    @property
+    def fully_offloaded(self) -> bool:
+        return self.n_gpu_layers < 0 or self.n_gpu_layers > self.n_layer
+
+
+def model_memory(info: ModelInfo, settings: Settings, n_gpu_layers: int = -1) -> ModelMemory:
+    layers, output, _embeddings = _layer_bytes(info)
+    n_gpu = info.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, info.n_layer + 1)
+    n_repeating = min(n_gpu, info.n_layer)
+    output_on_gpu = n_gpu > info.n_layer
+    gpu_weights = sum(layers[info.n_layer - n_repeating:]) + (output if output_on_gpu else 0)
+    if n_gpu == 0:
+        gpu_compute = 0
+    elif output_on_gpu:
+        gpu_compute = compute_buffer_bytes(info, settings)
+    else:
+        # partial offload: llama.cpp also runs the CPU-held output matmul on the GPU for large batches,
+        # copying that matrix into the compute buffer
+        gpu_compute = compute_buffer_bytes(info, settings) + output
+    return ModelMemory(
+        name=info.name, n_layer=info.n_layer, n_gpu_layers=n_gpu_layers, weights=info.weights_bytes,
+        kv_cache=kv_cache_bytes(info, settings), compute=compute_buffer_bytes(info, settings),
+        gpu_weights=gpu_weights, gpu_kv_cache=kv_cache_bytes(info, settings, n_repeating), gpu_compute=gpu_compute)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A change of options that makes the pair fit, and the GPU memory it then needs."""
+
+    flags: str
+    gpu_bytes: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    settings: Settings
+    vram_bytes: int
+    target: ModelMemory
+    draft: ModelMemory | None
+    overhead: int = GPU_RUNTIME_OVERHEAD
+    suggestions: tuple[Suggestion, ...] = field(default=())
+
+    @property
+    def models(self) -> list[ModelMemory]:
+        return [m for m in (self.target, self.draft) if m is not None]
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(m.gpu_total for m in self.models) + self.overhead
+
+    @property
+    def ram_bytes_cpu_only(self) -> int:
+        return sum(m.total for m in self.models)
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_bytes <= self.vram_bytes
+
+
+def _gpu_need(target: ModelInfo, draft: ModelInfo | None, settings: Settings, ngl: int, ngld: int) -> int:
+    total = model_memory(target, settings, ngl).gpu_total + GPU_RUNTIME_OVERHEAD
+    return total + (model_memory(draft, settings, ngld).gpu_total if draft is not None else 0)
+
+
+def suggest(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram_bytes: int) -> list[Suggestion]:
+    """Single changes that make both models fit fully offloaded, then partial offload of the target."""
+    out: list[Suggestion] = []
+    quantized = replace(settings, type_k="q8_0", type_v="q8_0")
+    if settings.type_k in ("f32", "f16", "bf16") or settings.type_v in ("f32", "f16", "bf16"):
+        need = _gpu_need(target, draft, quantized, -1, -1)
+        if need <= vram_bytes:
+            out.append(Suggestion("-ctk q8_0 -ctv q8_0", need, "8-bit KV cache"))
+    n_ctx = settings.n_ctx // 2
+    while n_ctx >= 512:
+        need = _gpu_need(target, draft, replace(settings, n_ctx=n_ctx), -1, -1)
+        if need <= vram_bytes:
+            out.append(Suggestion(f"-c {n_ctx}", need, "smaller context"))
+            break
+        n_ctx //= 2
+    for label, s in (("", settings), ("-ctk q8_0 -ctv q8_0 ", quantized)):
+        ngl = _max_layers(lambda n: _gpu_need(target, draft, s, n, -1), target.n_layer, vram_bytes)
+        if ngl is not None:
+            out.append(Suggestion(f"{label}-ngl {ngl}", _gpu_need(target, draft, s, ngl, -1),
+                                  f"{ngl} of {target.n_layer} target layers on the GPU, the rest on the CPU; "
+                                  "draft fully on the GPU"))
+            break
+    else:
+        if draft is not None:
+            ngld = _max_layers(lambda n: _gpu_need(target, draft, quantized, 0, n), draft.n_layer, vram_bytes)
+            if ngld is not None:
+                out.append(Suggestion(f"-ctk q8_0 -ctv q8_0 -ngl 0 -ngld {ngld}",
+                                      _gpu_need(target, draft, quantized, 0, ngld),
+                                      "target on the CPU, draft on the GPU"))
+    return out
+
+
+def _max_layers(need, n_layer: int, vram_bytes: int) -> int | None:
+    """Largest n in [1, n_layer] with need(n) <= vram (need grows with n), or None."""
+    best = None
+    for n in range(1, n_layer + 1):
+        if need(n) <= vram_bytes:
+            best = n
+    return best
+
+
+def plan_memory(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram_bytes: int,
+                n_gpu_layers: int = -1, draft_n_gpu_layers: int | None = None) -> MemoryPlan:
+    """The plan for the given offload settings, with suggestions when it does not fit."""
+    if settings.n_ctx < 1 or settings.n_ubatch < 1:
+        raise InvalidParameterError("context and batch size must be positive")
+    ngld = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
+    plan = MemoryPlan(settings, vram_bytes, model_memory(target, settings, n_gpu_layers),
+                      model_memory(draft, settings, ngld) if draft is not None else None)
+    if not plan.fits:
+        plan = replace(plan, suggestions=tuple(suggest(target, draft, settings, vram_bytes)))
+    return plan

@@ -1,0 +1,514 @@
+"""Named target/draft pairs (models.toml) and their files in the Hugging Face cache.
+
+The shipped models.toml is read first (inside the package when installed, at the repository root in a checkout); a
+models.toml in the user's config directory changes its entries field by field and adds new ones. Each model of a
+pair is a Hugging Face repo + file, downloaded with huggingface_hub into its normal cache (HF_HOME, HF_HUB_CACHE,
+HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE are honoured), or a local path.
+
+The registry knows nothing about loading models: it turns a pair name into two file paths and a few defaults.
+"""
+from __future__ import annotations
+
+import difflib
+import errno
+import os
+import re
+import shutil
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .errors import RegistryError
+
+FILE_NAME = "models.toml"
+CONFIG_DIR_ENV = "LLAMASPEC_CONFIG_DIR"
+DEFAULT_PAIR = "default"
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+POLICIES = ("auto", "fixed", "confidence", "threshold")
+DISK_MARGIN_BYTES = 256 * 2**20
+HUB_URL = "https://huggingface.co"
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+_SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+# key -> (accepted types, description); bool is not an int here
+_PAIR_FIELDS = {
+    "note": ((str,), "a string"),
+    "vram_gb": ((int, float), "a number"),
+    "n_gpu_layers": ((int,), "an integer"),
+    "draft_n_gpu_layers": ((int,), "an integer"),
+    "n_ctx": ((int,), "an integer"),
+    "cache_type_k": ((str,), "a string"),
+    "cache_type_v": ((str,), "a string"),
+    "draft_max": ((int,), "an integer"),
+    "policy": ((str,), "a string"),
+    "verified": ((bool,), "true or false"),
+}
+_MODEL_FIELDS = {
+    "repo": ((str,), "a string"),
+    "file": ((str,), "a string"),
+    "revision": ((str,), "a string"),
+    "path": ((str,), "a string"),
+    "size_gb": ((int, float), "a number"),
+}
+_ROLES = ("target", "draft")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entries
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One GGUF file: a Hugging Face repo + file (at a revision, default main), or a local path."""
+
+    repo: str | None = None
+    file: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    size_gb: float | None = None  # as listed on the hub; None when unknown
+
+    @property
+    def is_local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def label(self) -> str:
+        return self.path if self.is_local else f"{self.repo}/{self.file}"
+
+    @property
+    def url(self) -> str | None:
+        return None if self.is_local else f"{HUB_URL}/{self.repo}/blob/{self.revision or 'main'}/{self.file}"
+
+    def local_path(self) -> Path:
+        """The path of a local model with environment variables and ~ expanded."""
+        return Path(os.path.expanduser(os.path.expandvars(self.path)))
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    """A named target/draft pair and the settings that fit the GPU memory it was chosen for."""
+
+    name: str
+    target: ModelRef
+    draft: ModelRef
+    note: str = ""
+    vram_gb: float = 0
+    n_gpu_layers: int = -1
+    draft_n_gpu_layers: int | None = None
+    n_ctx: int = 4096
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    draft_max: int | None = None
+    policy: str = "auto"
+    verified: bool = False
+    source: str = ""  # the models.toml that defined the entry (or last changed it)
+
+    @property
+    def models(self) -> tuple[ModelRef, ModelRef]:
+        return self.target, self.draft
+
+    def defaults(self) -> dict:
+        """Loading and drafting settings, keyed like load_pair's arguments."""
+        return {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "draft_n_gpu_layers": self.draft_n_gpu_layers,
+                "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v, "draft_max": self.draft_max,
+                "policy": self.policy}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading models.toml
+# ---------------------------------------------------------------------------------------------------------------
+
+def shipped_models_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / FILE_NAME, here.parent / FILE_NAME):  # wheel, then checkout
+        if candidate.is_file():
+            return candidate
+    raise RegistryError(f"{FILE_NAME} is missing from the llamaspec installation ({here}); reinstall llamaspec")
+
+
+def user_config_dir() -> Path:
+    if os.environ.get(CONFIG_DIR_ENV):
+        return Path(os.environ[CONFIG_DIR_ENV]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("llamaspec"))
+
+
+def user_models_path() -> Path:
+    return user_config_dir() / FILE_NAME
+
+
+def load_registry() -> dict[str, PairEntry]:
+    """All pairs: the shipped ones, changed and extended by the user's models.toml."""
+    tables: dict[str, tuple[dict, Path, str]] = {}
+    for path in (shipped_models_path(), user_models_path()):
+        if path.is_file():
+            text, pairs = _read_toml(path)
+            for name, table in pairs.items():
+                base = tables.get(name)
+                tables[name] = (_merge_tables(base[0], table) if base else table, path, text)
+    return {name: _parse_pair(name, table, path, text) for name, (table, path, text) in tables.items()}
+
+
+def get_pair(name: str) -> PairEntry:
+    pairs = load_registry()
+    if name in pairs:
+        return pairs[name]
+    close = difflib.get_close_matches(name, list(pairs), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise RegistryError(f"unknown pair {name!r}{hint} (`llamaspec models list` shows them all)")
+
+
+def _read_toml(path: Path) -> tuple[str, dict]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RegistryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RegistryError(f"{path}{_toml_error_position(e)}: invalid TOML: {_toml_error_message(e)}") from None
+    unknown = [key for key in data if key != "pairs"]
+    if unknown:
+        raise RegistryError(f"{path}: unknown top-level key {unknown[0]!r} (pairs go in [pairs.NAME] tables)")
+    pairs = data.get("pairs", {})
+    if not isinstance(pairs, dict):
+        raise RegistryError(f"{path}: 'pairs' must be a table of [pairs.NAME] tables")
+    return text, pairs
+
+
+def _toml_error_position(error) -> str:
+    line, col = getattr(error, "lineno", None), getattr(error, "colno", None)
+    if line is None:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(error))
+        line, col = (int(match[1]), int(match[2])) if match else (None, None)
+    return f", line {line}, column {col}" if line else ""
+
+
+def _toml_error_message(error) -> str:
+    return getattr(error, "msg", None) or re.sub(r"\s*\(at line \d+, column \d+\)", "", str(error))
+
+
+def _merge_tables(base: dict, override: dict) -> dict:
+    """A user entry changes a shipped one field by field; giving a model by path replaces the shipped model, and a
+    changed model is no longer the checked one."""
+    merged = dict(base)
+    for role in _ROLES:
+        new_table, new_path = override.get(role), override.get(f"{role}_path")
+        if new_path is not None or (isinstance(new_table, dict) and "path" in new_table):
+            merged.pop(role, None)
+            merged.pop(f"{role}_path", None)
+        elif isinstance(new_table, dict) and isinstance(base.get(role), dict):
+            override = {**override, role: {**{k: v for k, v in base[role].items() if k != "size_gb"}, **new_table}}
+    merged.update(override)
+    if "verified" not in override and any(k in override for k in ("target", "draft", "target_path", "draft_path")):
+        merged["verified"] = False
+    return merged
+
+
+def _parse_pair(name: str, table, path: Path, text: str) -> PairEntry:
+    where = f"{path}{_table_line(text, name)}: pair {name!r}"
+    if not _NAME_RE.fullmatch(name) or name.endswith(".gguf"):
+        raise RegistryError(f"{where}: a pair name has letters, digits, '.', '_' and '-' only, and is not a file name")
+    if not isinstance(table, dict):
+        raise RegistryError(f"{where}: must be a table ([pairs.{name}])")
+    fields = {}
+    for key, value in table.items():
+        if key in _PAIR_FIELDS:
+            fields[key] = _typed(where, key, value, _PAIR_FIELDS[key])
+        elif key not in {*_ROLES, "target_path", "draft_path"}:
+            raise RegistryError(f"{where}: {_unknown_key_message(key, value, name)}")
+    refs = {role: _parse_model(where, role, table) for role in _ROLES}
+    entry = PairEntry(name=name, **refs, **fields, source=str(path))
+    _check_values(where, entry)
+    return entry
+
+
+def _parse_model(where: str, role: str, table: dict) -> ModelRef:
+    given, path = table.get(role), table.get(f"{role}_path")
+    if given is not None and path is not None:
+        raise RegistryError(f"{where}: give either {role} = {{ repo = ..., file = ... }} or {role}_path, not both")
+    if path is not None:
+        given = {"path": path}
+    if given is None:
+        raise RegistryError(f"{where}: missing {role} (a table {{ repo = \"owner/name\", file = \"x.gguf\" }}) "
+                            f"or {role}_path")
+    if not isinstance(given, dict):
+        raise RegistryError(f"{where}: {role} must be a table {{ repo = \"owner/name\", file = \"x.gguf\" }}")
+    fields = {}
+    for key, value in given.items():
+        if key not in _MODEL_FIELDS:
+            raise RegistryError(f"{where}: {role}: {_unknown_key_message(key, value, None, _MODEL_FIELDS)}")
+        fields[key] = _typed(f"{where}: {role}", key, value, _MODEL_FIELDS[key])
+    ref = ModelRef(**fields)
+    if ref.is_local:
+        if ref.repo or ref.file:
+            raise RegistryError(f"{where}: {role} gives both a path and a repo/file")
+        return ref
+    if not ref.repo or not ref.file:
+        raise RegistryError(f"{where}: {role} needs both repo and file")
+    if not _REPO_RE.fullmatch(ref.repo):
+        raise RegistryError(f"{where}: {role} repo {ref.repo!r} is not of the form owner/name")
+    if not ref.file.endswith(".gguf"):
+        raise RegistryError(f"{where}: {role} file {ref.file!r} is not a .gguf file")
+    if _SPLIT_RE.search(ref.file):
+        raise RegistryError(f"{where}: {role} file {ref.file!r} is one part of a split GGUF; pick a single-file quant")
+    return ref
+
+
+def _typed(where: str, key: str, value, spec):
+    types, description = spec
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        raise RegistryError(f"{where}: {key} must be {description}, got {value!r}")
+    return value
+
+
+def _check_values(where: str, entry: PairEntry) -> None:
+    problems = [
+        (entry.n_ctx < 16, f"n_ctx must be at least 16, got {entry.n_ctx}"),
+        (entry.n_gpu_layers < -1, f"n_gpu_layers must be -1 (all) or more, got {entry.n_gpu_layers}"),
+        (entry.draft_n_gpu_layers is not None and entry.draft_n_gpu_layers < -1,
+         f"draft_n_gpu_layers must be -1 (all) or more, got {entry.draft_n_gpu_layers}"),
+        (entry.draft_max is not None and entry.draft_max < 0, f"draft_max must be 0 or more, got {entry.draft_max}"),
+        (entry.vram_gb < 0, f"vram_gb must be 0 or more, got {entry.vram_gb}"),
+        (entry.cache_type_k not in CACHE_TYPES, f"cache_type_k must be one of {', '.join(CACHE_TYPES)}"),
+        (entry.cache_type_v not in CACHE_TYPES, f"cache_type_v must be one of {', '.join(CACHE_TYPES)}"),
+        (entry.policy not in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {entry.policy!r}"),
+    ]
+    for failed, message in problems:
+        if failed:
+            raise RegistryError(f"{where}: {message}")
+
+
+def _unknown_key_message(key: str, value, pair_name: str | None, known=None) -> str:
+    known = known or {**_PAIR_FIELDS, **dict.fromkeys((*_ROLES, "target_path", "draft_path"))}
+    if pair_name is not None and isinstance(value, dict) and not (set(value) & {"repo", "file", "path"}):
+        # [pairs.qwen2.5-x] without quotes is the nested table pairs -> qwen2 -> "5-x"
+        return (f"unknown key {key!r}: a pair name with a dot must be quoted, "
+                f"e.g. [pairs.\"{pair_name}.{key}\"]")
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _table_line(text: str, name: str) -> str:
+    pattern = re.compile(r"^\s*\[\s*pairs\s*\.\s*(\"|')?" + re.escape(name) + r"(\"|')?\s*\]")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if pattern.match(line):
+            return f", line {number}"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Hugging Face cache
+# ---------------------------------------------------------------------------------------------------------------
+
+def hf_cache_dir() -> Path:
+    """huggingface_hub's cache folder, read from the environment now (not when huggingface_hub was imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(var, "").upper() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", HUB_URL).rstrip("/")
+
+
+def cached_path(ref: ModelRef) -> Path | None:
+    """Where the model's file is on this machine, or None when it is not there (yet)."""
+    if ref.is_local:
+        path = ref.local_path()
+        return path if path.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(ref.repo, ref.file, cache_dir=str(hf_cache_dir()), revision=ref.revision)
+    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
+
+
+def downloaded(entry: PairEntry) -> tuple[Path | None, Path | None]:
+    return cached_path(entry.target), cached_path(entry.draft)
+
+
+def fetch(ref: ModelRef) -> Path:
+    """The local file of a model, downloading it into the Hugging Face cache when it is not there."""
+    if ref.is_local:
+        return _existing_local(ref)
+    from huggingface_hub import hf_hub_download
+
+    cache, offline = hf_cache_dir(), hub_offline()
+    with _hub_errors(ref):
+        if not offline and cached_path(ref) is None:
+            _check_disk_space(ref, cache)
+        path = hf_hub_download(ref.repo, ref.file, revision=ref.revision, cache_dir=str(cache),
+                               endpoint=hub_endpoint(), local_files_only=offline)
+    return Path(path)
+
+
+def pull(entry: PairEntry) -> tuple[Path, Path]:
+    """Download both files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
+    from .gguf_meta import check_pair, read_model_info
+
+    target, draft = fetch(entry.target), fetch(entry.draft)
+    check_pair(read_model_info(target), read_model_info(draft))
+    return target, draft
+
+
+def remove(ref: ModelRef) -> int:
+    """Delete a model's file from the Hugging Face cache (its snapshot links and blob); returns the bytes freed."""
+    if ref.is_local:
+        return 0
+    storage = hf_cache_dir() / ("models--" + ref.repo.replace("/", "--"))
+    snapshots = storage / "snapshots"
+    pointers = [p for p in snapshots.glob(f"*/{ref.file}") if p.is_symlink() or p.is_file()]
+    blobs = {p.resolve() for p in pointers if p.is_symlink()}
+    freed = 0
+    for pointer in pointers:
+        if not pointer.is_symlink():  # a copy where symlinks are not available
+            freed += pointer.stat().st_size
+        pointer.unlink()
+    still_linked = {p.resolve() for p in snapshots.rglob("*") if p.is_symlink()}
+    for blob in blobs - still_linked:
+        if blob.is_file():
+            freed += blob.stat().st_size
+            blob.unlink()
+    return freed
+
+
+def _existing_local(ref: ModelRef) -> Path:
+    path = ref.local_path()
+    if "$" in str(path):
+        unset = re.findall(r"\$\{?(\w+)", str(path))
+        raise RegistryError(f"{ref.path}: environment variable {unset[0]} is not set")
+    if not path.is_file():
+        raise RegistryError(f"{path}: no such model file")
+    return path
+
+
+def _check_disk_space(ref: ModelRef, cache: Path) -> None:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    size = get_hf_file_metadata(hf_hub_url(ref.repo, ref.file, revision=ref.revision, endpoint=hub_endpoint())).size
+    free = _free_bytes(cache)
+    if size and free is not None and free < size + DISK_MARGIN_BYTES:
+        raise RegistryError(f"not enough disk space for {ref.label}: it needs {_gb(size)}, {_gb(free)} is free in "
+                            f"{cache} (free some space, or point HF_HOME at a larger disk)")
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return None
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e9:.1f} GB"
+
+
+@contextmanager
+def _hub_errors(ref: ModelRef):
+    """huggingface_hub's exceptions (and the network's) as one RegistryError line naming the file."""
+    from huggingface_hub import utils as hf
+
+    label, endpoint = f"{ref.file} from {ref.repo}", hub_endpoint()
+    try:
+        yield
+    except hf.GatedRepoError:
+        raise RegistryError(f"{ref.repo} is gated: accept its license at {HUB_URL}/{ref.repo} and set HF_TOKEN to a "
+                            "token of that account") from None
+    except hf.RepositoryNotFoundError:
+        raise RegistryError(f"repository {ref.repo} not found at {endpoint} (a private repo needs HF_TOKEN)") from None
+    except hf.RevisionNotFoundError:
+        raise RegistryError(f"revision {ref.revision} not found in repository {ref.repo}") from None
+    except hf.LocalEntryNotFoundError:
+        raise RegistryError(_not_cached_message(label, endpoint)) from None
+    except hf.EntryNotFoundError:
+        raise RegistryError(f"file {ref.file} not found in repository {ref.repo}") from None
+    except hf.OfflineModeIsEnabled:
+        raise RegistryError(_not_cached_message(label, endpoint)) from None
+    except hf.HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", "?")
+        raise RegistryError(f"downloading {label} failed: HTTP {status} from {endpoint}; run the same command again "
+                            "to retry") from None
+    except _transport_errors() as e:
+        raise RegistryError(f"cannot reach {endpoint} to download {label} ({type(e).__name__}); check the network "
+                            "and run the same command again") from None
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise RegistryError(f"disk full while downloading {label} into {hf_cache_dir()} (free some space, or "
+                                "point HF_HOME at a larger disk)") from None
+        if "Consistency check failed" in str(e):
+            raise RegistryError(f"the download of {label} was cut short; run the same command again") from None
+        raise
+
+
+def _not_cached_message(label: str, endpoint: str) -> str:
+    if hub_offline():
+        return f"{label} is not in the local cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set; unset it to download"
+    return f"cannot reach {endpoint} to download {label}, and it is not cached; check the network connection"
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
+                         ("requests", "ConnectionError"), ("requests", "Timeout")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A pair name -> two files
+# ---------------------------------------------------------------------------------------------------------------
+
+def resolve_pair(name: str, assume_yes: bool = False) -> tuple[str, str | None, dict]:
+    """(target path, draft path, defaults) of a named pair; downloads the files on first use, after asking (a
+    terminal), at once (assume_yes), or not at all (no terminal and no assume_yes: a RegistryError says how)."""
+    entry = get_pair(name)
+    for ref in entry.models:
+        if ref.is_local:
+            _existing_local(ref)
+    target, draft = downloaded(entry)
+    if target is None or draft is None:
+        missing = [ref for ref, path in zip(entry.models, (target, draft)) if path is None]
+        if not assume_yes:
+            _confirm_download(entry, missing)
+        target, draft = pull(entry)
+    return str(target), str(draft), entry.defaults()
+
+
+def _confirm_download(entry: PairEntry, missing: list[ModelRef]) -> None:
+    files = " and ".join(ref.file + (f" ({ref.size_gb:g} GB)" if ref.size_gb else "") for ref in missing)
+    if not _stdin_is_tty():
+        raise RegistryError(f"pair {entry.name!r} is not downloaded yet ({files}); run `llamaspec models pull "
+                            f"{entry.name}` or pass --yes to download it now")
+    import click
+
+    if not click.confirm(f"Pair {entry.name!r} needs {files} from Hugging Face. Download now?", default=True,
+                         err=True):
+        raise RegistryError(f"download declined; `llamaspec models pull {entry.name}` fetches the files later")
+
+
+def _stdin_is_tty() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
