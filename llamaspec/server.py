@@ -486,7 +486,8 @@ class _EventStream(Response):
         fmt, req = self.fmt, self.job.request
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         usage_field = {"usage": None} if req.include_usage else {}
-        await send(self._body(fmt.chunk("" if fmt.chat else None, first=True, **usage_field)))
+        if fmt.chat:  # OpenAI's first chat chunk carries the role
+            await send(self._body(fmt.chunk("", first=True, **usage_field)))
         while True:
             kind, value = await self.job.events.get()
             if kind == "text":

@@ -38,6 +38,8 @@ def serve(**opts):
     if opts["host"] not in ("127.0.0.1", "localhost", "::1") and not opts["api_key"]:
         click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
                    "can use the model", err=True)
+    if opts.get("drafter") == "False":  # click turns the --lookup flag's default into the string 'False'
+        opts["drafter"] = None
     pair = load_pair_from_options(opts)
     service = None
     try:
