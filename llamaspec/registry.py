@@ -227,13 +227,13 @@ def _parse_pair(name: str, table, path: Path, text: str) -> PairEntry:
             fields[key] = _typed(where, key, value, _PAIR_FIELDS[key])
         elif key not in {*_ROLES, "target_path", "draft_path"}:
             raise RegistryError(f"{where}: {_unknown_key_message(key, value, name)}")
-    refs = {role: _parse_model(where, role, table) for role in _ROLES}
+    refs = {role: _parse_model(where, role, table, path.parent) for role in _ROLES}
     entry = PairEntry(name=name, **refs, **fields, source=str(path))
     _check_values(where, entry)
     return entry
 
 
-def _parse_model(where: str, role: str, table: dict) -> ModelRef:
+def _parse_model(where: str, role: str, table: dict, base_dir: Path) -> ModelRef:
     given, path = table.get(role), table.get(f"{role}_path")
     if given is not None and path is not None:
         raise RegistryError(f"{where}: give either {role} = {{ repo = ..., file = ... }} or {role}_path, not both")
@@ -253,6 +253,9 @@ def _parse_model(where: str, role: str, table: dict) -> ModelRef:
     if ref.is_local:
         if ref.repo or ref.file:
             raise RegistryError(f"{where}: {role} gives both a path and a repo/file")
+        expanded = ref.local_path()
+        if not expanded.is_absolute() and "$" not in str(expanded):  # relative to the models.toml it is in
+            ref = ModelRef(path=str(base_dir / expanded), size_gb=ref.size_gb)
         return ref
     if not ref.repo or not ref.file:
         raise RegistryError(f"{where}: {role} needs both repo and file")
