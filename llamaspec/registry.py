@@ -85,6 +85,11 @@ class ModelRef:
         return self.path if self.is_local else f"{self.repo}/{self.file}"
 
     @property
+    def key(self) -> tuple:
+        """What makes two references the same file (the listed size does not)."""
+        return (self.path,) if self.is_local else (self.repo, self.file, self.revision or "main")
+
+    @property
     def url(self) -> str | None:
         return None if self.is_local else f"{HUB_URL}/{self.repo}/blob/{self.revision or 'main'}/{self.file}"
 
