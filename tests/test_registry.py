@@ -465,3 +465,13 @@ def test_rm_removes_files_and_keeps_one_another_downloaded_pair_uses(hub, tiny_p
 
 def test_unknown_pair_on_the_command_line_is_one_line():
     assert error_line(models_cli("show", "qwen3-32")).startswith("error: unknown pair 'qwen3-32'; did you mean")
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_engine_loads_the_test_pair_by_name(real_models):
+    from llamaspec.engine import load_pair
+
+    with load_pair("test", n_ctx=256, n_gpu_layers=0) as pair:
+        assert pair.draft is not None
+        assert len(pair.generate("def add(a, b):", max_tokens=4).tokens) == 4
