@@ -145,12 +145,9 @@ def _parse_stop(body: dict) -> list[str]:
 def _parse_common(body: dict, prompt, prompt_field: str, add_special: bool) -> GenerationRequest:
     _reject_unsupported(body)
     _optional(body, "model", lambda v: isinstance(v, str), "a string")
-    max_tokens = body.get("max_tokens")
-    name = "max_tokens"
-    if max_tokens is None:
-        max_tokens, name = body.get("max_completion_tokens"), "max_completion_tokens"
-    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
-        raise _invalid(name, f"'{name}' must be an integer >= 1, got {json.dumps(max_tokens)[:80]}")
+    limits = [_optional(body, name, lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+              for name in ("max_completion_tokens", "max_tokens")]
+    max_tokens = next((n for n in limits if n is not None), None)  # the newer name wins when both are given
     sampling = {
         "temperature": float(_optional(body, "temperature", lambda v: _is_number(v) and 0 <= v <= 2,
                                        "a number in [0, 2]", 1.0)),
@@ -296,8 +293,12 @@ class Worker:
         self._inbox.put(_WAKE)
         return done
 
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Cancel waiting and running jobs and end the thread; False if it did not end within `timeout`."""
+    def refuse_new(self) -> None:
+        with self._lock:
+            self._stopping = True
+
+    def cancel_all(self) -> None:
+        """Answer waiting jobs with 503 and stop the running one (it ends with what it has generated)."""
         with self._lock:
             self._stopping = True
             waiting, self._queued = list(self._queued.values()), {}
@@ -307,6 +308,10 @@ class Worker:
             job.state = "done"
             job.cancelled.set()
             job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Cancel every job and end the thread; False if it did not end within `timeout`."""
+        self.cancel_all()
         self._inbox.put(_STOP)
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -680,6 +685,16 @@ class Service:
         finally:
             self.stop()
 
+    def begin_shutdown(self, grace: float) -> None:
+        """A stop signal arrived: take no new requests; in-flight ones get `grace` seconds, then are cancelled."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.worker.refuse_new()
+        timer = threading.Timer(grace, self.worker.cancel_all)
+        timer.daemon = True
+        timer.start()
+
     def stop(self, timeout: float = 10.0) -> bool:
         self.stopping = True
         return self.worker.stop(timeout)
@@ -765,18 +780,32 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app: Starlette, sock: socket.socket, shutdown_timeout: float = 10.0, access_log: bool = False) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are cancelled.
-    Returns normally after a signal (the caller exits 0)."""
+def serve(app: Starlette, sock: socket.socket, shutdown_timeout: float = 10.0, access_log: bool = False,
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are cancelled
+    (streams end with a finish chunk and [DONE]). Returns normally after a signal (the caller exits 0).
+    `on_ready` runs once requests are being accepted and the signal handlers are in place."""
     import signal
 
     import uvicorn
 
+    service: Service = app.state.service
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if on_ready is not None and not self.should_exit:
+                on_ready()
+
+        def handle_exit(self, sig, frame):
+            service.begin_shutdown(shutdown_timeout)
+            super().handle_exit(sig, frame)
+
+    # uvicorn's own deadline is only a backstop: our cancellation ends requests cleanly before it
     config = uvicorn.Config(app, log_level="info" if access_log else "warning", access_log=access_log,
-                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=shutdown_timeout + 5.0, lifespan="on")
     # uvicorn re-raises the signal that stopped it once it has shut down, through the handlers it found: make
     # those no-ops so that a signal ends the process normally.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])
+    _Server(config).run(sockets=[sock])

@@ -56,9 +56,11 @@ def serve(**opts):
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         draft = pair.draft.path.name if pair.draft is not None else "none"
-        click.echo(f"llamaspec serve: listening on http://{shown}:{port} (model {model_id!r}, draft {draft}, "
-                   f"policy {pair.policy.name if pair.speculative else 'none'}; Ctrl-C to stop)", err=True)
-        run_server(app, sock, shutdown_timeout=opts["shutdown_timeout"], access_log=opts["access_log"])
+        policy = pair.policy.name if pair.speculative else "none"
+        ready = (f"llamaspec serve: listening on http://{shown}:{port} (model {model_id!r}, draft {draft}, "
+                 f"policy {policy}; Ctrl-C to stop)")
+        run_server(app, sock, shutdown_timeout=opts["shutdown_timeout"], access_log=opts["access_log"],
+                   on_ready=lambda: click.echo(ready, err=True))
         click.echo("llamaspec serve: stopped", err=True)
     finally:
         # the worker thread must be idle before the models are freed; if it hangs, the process exit frees them

@@ -1,0 +1,592 @@
+"""`llamaspec serve` as its users meet it: a real server process on an ephemeral loopback port, driven by the
+official `openai` client and by raw HTTP (httpx) for what that client will not send. Tiny models: random text,
+but deterministic at temperature 0, and identical to what the library produces for the same prompt."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+REPO = Path(__file__).resolve().parent.parent
+API_KEY = "sk-test-key"
+ADMIN_KEY = "admin-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+N_CTX = 1024
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A server process (also used by test_server_load.py)
+# ---------------------------------------------------------------------------------------------------------------
+class ServerProcess:
+    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rss_kib(self) -> int:
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_server(models: dict, log: Path, *args: str, n_ctx: int = N_CTX, draft: str = "noisy") -> ServerProcess:
+    """`python -m llamaspec serve` on 127.0.0.1, any free port; returns once it says where it listens."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(models["target"]), "-md", str(models[draft]),
+           "-c", str(n_ctx), "-t", "1", "--port", "0", *args]
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    deadline = time.monotonic() + 90
+    while True:
+        text = log.read_text(errors="replace")
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
+        if found:
+            return ServerProcess(proc, found.group(1), log)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the server did not start (exit {proc.poll()}):\n{text}")
+        time.sleep(0.1)
+
+
+def metric(url: str, line_prefix: str, headers=None) -> float:
+    """One sample of /metrics (0 when absent)."""
+    text = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(line_prefix + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def health(url: str) -> dict:
+    return httpx.get(f"{url}/health", timeout=10).json()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fixtures
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    """The main server: API key, admin key, a small body limit."""
+    srv = start_server(tiny_models, tmp_path_factory.mktemp("srv") / "server.log", "--api-key", API_KEY,
+                       "--admin-key", ADMIN_KEY, "--max-queue", "4", "--max-body-bytes", "65536")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def open_server(tiny_models, tmp_path_factory):
+    """No keys, one waiting request at most, a long context (room for slow requests)."""
+    srv = start_server(tiny_models, tmp_path_factory.mktemp("srv-open") / "server.log", "--max-queue", "1",
+                       n_ctx=4096)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def library_pair(tiny_models):
+    from llamaspec.engine import load_pair
+
+    pair = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=N_CTX, n_threads=1)
+    yield pair
+    pair.close()
+
+
+def post(url: str, path: str, body, headers=None, timeout: float = 60) -> httpx.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{url}{path}", content=data, headers={"Content-Type": "application/json", **(headers or {})},
+                      timeout=timeout)
+
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generation through the official client
+# ---------------------------------------------------------------------------------------------------------------
+def test_chat_greedy_output_equals_library_output(client, library_pair):
+    from llamaspec.chat import ChatTemplate
+
+    template = ChatTemplate.from_model_info(library_pair.target.info)
+    prompt = template.render(MESSAGES)
+    expected = library_pair.generate(prompt, max_tokens=24, temperature=0, add_special=template.add_special_for(prompt))
+
+    got = client.chat.completions.create(model="tiny-target", messages=MESSAGES, max_tokens=24, temperature=0)
+
+    assert got.choices[0].message.content == expected.text
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].finish_reason == {"length": "length", "stop": "stop"}[expected.finish_reason]
+
+
+def test_completion_greedy_output_equals_library_output(client, library_pair):
+    expected = library_pair.generate("Once upon a time", max_tokens=20, temperature=0)
+
+    got = client.completions.create(model="tiny-target", prompt="Once upon a time", max_tokens=20, temperature=0)
+
+    assert got.choices[0].text == expected.text
+    assert got.object == "text_completion"
+
+
+def test_usage_counts_prompt_and_completion_tokens(client, library_pair):
+    prompt = "The quick brown fox jumps over the lazy dog"
+    got = client.completions.create(model="x", prompt=prompt, max_tokens=7, temperature=0)
+
+    n_prompt = len(library_pair.tokenize(prompt))
+    assert got.usage.prompt_tokens == n_prompt
+    if got.choices[0].finish_reason == "length":
+        assert got.usage.completion_tokens == 7
+    assert got.usage.total_tokens == n_prompt + got.usage.completion_tokens
+
+
+def test_max_completion_tokens_is_honoured(client):
+    got = client.chat.completions.create(model="x", messages=MESSAGES, max_completion_tokens=3, temperature=0)
+    assert got.usage.completion_tokens <= 3
+
+
+def test_streamed_chat_concatenates_to_the_unstreamed_text(client):
+    whole = client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=16, temperature=0)
+
+    chunks = list(client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=16, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_streamed_completion_ends_with_done_marker(server):
+    body = {"model": "x", "prompt": "abc", "max_tokens": 5, "temperature": 0, "stream": True}
+    r = post(server.url, "/v1/completions", body, AUTH)
+
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert "usage" not in chunks[-1]  # only with stream_options.include_usage
+
+
+def test_stop_sequence_cuts_the_output_before_it(client):
+    full = client.completions.create(model="x", prompt="Lorem ipsum", max_tokens=32, temperature=0).choices[0].text
+    assert len(full) > 12, "the tiny model should produce some text"
+    stop = full[8:11]
+    expected = full[:full.find(stop)]
+
+    got = client.completions.create(model="x", prompt="Lorem ipsum", max_tokens=32, temperature=0, stop=[stop, "@@@"])
+    streamed = client.completions.create(model="x", prompt="Lorem ipsum", max_tokens=32, temperature=0, stop=stop,
+                                         stream=True)
+
+    assert got.choices[0].text == expected
+    assert got.choices[0].finish_reason == "stop"
+    assert "".join(c.choices[0].text for c in streamed) == expected
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed):
+        return client.completions.create(model="x", prompt="Seeds:", max_tokens=16, temperature=0.9, seed=seed,
+                                         top_p=0.95).choices[0].text
+
+    assert sample(7) == sample(7)
+
+
+def test_response_carries_speculation_statistics(client):
+    got = client.completions.create(model="x", prompt="Statistics please", max_tokens=12, temperature=0)
+
+    stats = got.model_extra["llamaspec"]
+    assert stats["tokens_generated"] == got.usage.completion_tokens
+    assert stats["drafted"] >= stats["accepted"] >= 0
+    assert stats["target_passes"] >= 1
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0
+
+
+def test_harmless_openai_fields_are_accepted(server):
+    body = {"model": "x", "messages": MESSAGES, "max_tokens": 2, "user": "u-1", "n": 1, "presence_penalty": 0,
+            "frequency_penalty": 0.0, "logprobs": False, "response_format": {"type": "text"}, "metadata": {"a": "b"},
+            "some_future_field": [1, 2], "stream": False, "stop": None}
+    r = post(server.url, "/v1/chat/completions", body, AUTH)
+    assert r.status_code == 200, r.text
+
+
+def test_content_parts_are_joined_into_text(client, library_pair):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}]}]
+    plain = [{"role": "user", "content": "Name three colours."}]
+
+    a = client.chat.completions.create(model="x", messages=parts, max_tokens=8, temperature=0)
+    b = client.chat.completions.create(model="x", messages=plain, max_tokens=8, temperature=0)
+
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_models_lists_the_loaded_pair(client, tiny_models):
+    models = client.models.list().data
+
+    assert [m.id for m in models] == [tiny_models["target"].stem]
+    assert models[0].model_extra["llamaspec"]["draft"] == tiny_models["noisy"].name
+    assert client.models.retrieve(tiny_models["target"].stem).id == tiny_models["target"].stem
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad requests: 4xx with OpenAI's error JSON, never a 500
+# ---------------------------------------------------------------------------------------------------------------
+def assert_openai_error(r: httpx.Response, status: int, param=None, code=None) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if status == 400:
+        assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+BAD_CHAT_FIELDS = [
+    ({"n": 2}, "n"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 3}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_completion_tokens": -3}, "max_completion_tokens"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["a", 1]}, "stop"),
+    ({"stream": "yes"}, "stream"),
+    ({"stream_options": {"include_usage": "yes"}}, "include_usage"),
+    ({"logprobs": True}, "logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"model": 5}, "model"),
+    ({"messages": []}, "messages"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": [{"content": "no role"}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content"),
+]
+
+
+@pytest.mark.parametrize("fields,param", BAD_CHAT_FIELDS, ids=[p for _, p in BAD_CHAT_FIELDS])
+def test_invalid_chat_fields_are_rejected_naming_the_field(server, fields, param):
+    body = {"model": "x", "messages": MESSAGES, "max_tokens": 2, **fields}
+    assert_openai_error(post(server.url, "/v1/chat/completions", body, AUTH), 400, param=param)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "x"}, "prompt"),
+    ({"model": "x", "prompt": 12}, "prompt"),
+    ({"model": "x", "prompt": ["one", "two"]}, "prompt"),
+    ({"model": "x", "prompt": "hi", "echo": True}, "echo"),
+    ({"model": "x", "prompt": "hi", "best_of": 3}, "best_of"),
+])
+def test_invalid_completion_fields_are_rejected(server, body, param):
+    assert_openai_error(post(server.url, "/v1/completions", body, AUTH), 400, param=param)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"", b"[1, 2]", b"null", b"\xff\xfe", b'"text"', b"[" * 50000],
+                         ids=["truncated", "empty", "array", "null", "not-utf8", "string", "deep-nesting"])
+def test_malformed_bodies_are_400_invalid_json(server, raw):
+    assert_openai_error(post(server.url, "/v1/chat/completions", raw, AUTH), 400, code="invalid_json")
+
+
+def test_oversize_body_is_413(server):
+    body = {"model": "x", "prompt": "a" * 70000, "max_tokens": 1}
+    assert_openai_error(post(server.url, "/v1/completions", body, AUTH), 413, code="request_too_large")
+
+
+def test_prompt_longer_than_the_context_is_400(client, server):
+    body = {"model": "x", "prompt": "hello " * (N_CTX + 50), "max_tokens": 4}
+    assert_openai_error(post(server.url, "/v1/completions", body, AUTH), 400, param="prompt",
+                        code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="x", max_tokens=4,
+                                       messages=[{"role": "user", "content": "word " * (N_CTX + 50)}])
+    # the server is still fine afterwards
+    assert client.completions.create(model="x", prompt="still alive?", max_tokens=2).choices
+
+
+def test_official_client_raises_bad_request_for_n_above_one(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="x", messages=MESSAGES, n=2)
+    assert info.value.body["param"] == "n"
+
+
+def test_unknown_route_and_wrong_method_get_json_errors(server):
+    assert_openai_error(httpx.get(f"{server.url}/v1/nothing", headers=AUTH), 404)
+    assert_openai_error(httpx.get(f"{server.url}/v1/chat/completions", headers=AUTH), 405)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Auth
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                                     {"Authorization": f"Basic {API_KEY}"}], ids=["none", "wrong", "no-scheme", "basic"])
+def test_routes_need_the_api_key(server, headers):
+    body = {"model": "x", "prompt": "hi", "max_tokens": 1}
+    assert_openai_error(post(server.url, "/v1/completions", body, headers), 401, code="invalid_api_key")
+    assert_openai_error(post(server.url, "/v1/chat/completions", {"messages": MESSAGES}, headers), 401)
+    assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 401
+    assert httpx.get(f"{server.url}/metrics", headers=headers).status_code == 401
+
+
+def test_health_needs_no_key(server):
+    r = httpx.get(f"{server.url}/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_admin_needs_the_admin_key_not_the_api_key(server):
+    body = {"policy": "fixed", "draft_max": 3}
+    assert_openai_error(httpx.patch(f"{server.url}/admin/config", json=body, headers=AUTH), 401)
+    assert_openai_error(httpx.patch(f"{server.url}/admin/config", json=body), 401)
+
+
+def test_admin_is_refused_when_no_key_is_configured(open_server):
+    r = httpx.patch(f"{open_server.url}/admin/config", json={"policy": "fixed"})
+    assert_openai_error(r, 403, code="admin_disabled")
+    assert httpx.get(f"{open_server.url}/admin/config").status_code == 403
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Admin: runtime policy changes
+# ---------------------------------------------------------------------------------------------------------------
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def test_policy_change_is_applied_and_shown_in_metrics(server, client):
+    before = client.completions.create(model="x", prompt="Policy test", max_tokens=16, temperature=0)
+
+    r = httpx.patch(f"{server.url}/admin/config", headers=ADMIN,
+                    json={"policy": "fixed", "draft_max": 5, "draft_p_min": 0.6})
+    assert r.status_code == 200, r.text
+    assert r.json()["policy"] == {"policy": "fixed", "draft_len": 5, "p_min": 0.6}
+    assert metric(server.url, 'llamaspec_draft_length{policy="fixed"}', AUTH) == 5
+
+    after = client.completions.create(model="x", prompt="Policy test", max_tokens=16, temperature=0)
+    assert after.choices[0].text == before.choices[0].text  # the policy changes speed, never the greedy text
+    assert after.model_extra["llamaspec"]["policy"] == "fixed"
+
+    r = httpx.patch(f"{server.url}/admin/config", headers=ADMIN, json={"policy": "auto", "draft_max": None,
+                                                                       "draft_p_min": None})
+    assert r.status_code == 200 and r.json()["policy"]["policy"] == "auto"
+    assert httpx.get(f"{server.url}/admin/config", headers=ADMIN).json()["settings"]["policy"] == "auto"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"policy": "bogus"}, "policy"),
+    ({"draft_max": -1}, "draft_max"),
+    ({"draft_max": "4"}, "draft_max"),
+    ({"draft_p_min": 1.5}, None),
+    ({"policy": "threshold", "draft_max": 2, "draft_min": 5}, None),
+    ({"temperature": 0.5}, "temperature"),
+])
+def test_invalid_policy_changes_are_rejected_and_change_nothing(server, body, param):
+    before = httpx.get(f"{server.url}/admin/config", headers=ADMIN).json()
+
+    r = httpx.patch(f"{server.url}/admin/config", json=body, headers=ADMIN)
+
+    assert_openai_error(r, 400, param=param)
+    assert httpx.get(f"{server.url}/admin/config", headers=ADMIN).json() == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------------------------
+def test_metrics_count_requests_tokens_and_latency(server, client):
+    requests_before = metric(server.url, 'llamaspec_requests_total{endpoint="/v1/completions",status="200"}', AUTH)
+    tokens_before = metric(server.url, "llamaspec_tokens_generated_total", AUTH)
+    ttft_before = metric(server.url, "llamaspec_time_to_first_token_seconds_count", AUTH)
+    errors_before = metric(server.url, 'llamaspec_requests_total{endpoint="/v1/completions",status="400"}', AUTH)
+
+    got = client.completions.create(model="x", prompt="Count me", max_tokens=9, temperature=0)
+    post(server.url, "/v1/completions", {"prompt": "x", "temperature": -1}, AUTH)
+
+    assert metric(server.url, 'llamaspec_requests_total{endpoint="/v1/completions",status="200"}', AUTH) \
+        == requests_before + 1
+    assert metric(server.url, 'llamaspec_requests_total{endpoint="/v1/completions",status="400"}', AUTH) \
+        == errors_before + 1
+    assert metric(server.url, "llamaspec_tokens_generated_total", AUTH) == tokens_before + got.usage.completion_tokens
+    assert metric(server.url, "llamaspec_time_to_first_token_seconds_count", AUTH) == ttft_before + 1
+
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    for name in ("llamaspec_draft_tokens_total", "llamaspec_draft_tokens_accepted_total", "llamaspec_acceptance_rate",
+                 "llamaspec_mean_accepted_length", "llamaspec_queue_depth", "llamaspec_draft_length{policy=",
+                 'llamaspec_time_per_output_token_seconds_bucket{le="+Inf"}'):
+        assert name in text
+    assert "# TYPE llamaspec_time_to_first_token_seconds histogram" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Load and faults: a full queue, a client that goes away, signals
+# ---------------------------------------------------------------------------------------------------------------
+LONG = {"model": "x", "prompt": "Go on and on", "max_tokens": 100000, "temperature": 0, "stream": True}
+
+
+class OpenStream:
+    """A streamed request whose first chunk has arrived (so it is generating); `close()` hangs up."""
+
+    def __init__(self, url: str, body: dict):
+        self.http = httpx.Client(timeout=60)
+        self.response = self.http.send(self.http.build_request("POST", f"{url}/v1/completions", json=body),
+                                       stream=True)
+        assert self.response.status_code == 200
+        self.lines = self.response.iter_lines()  # keep a reference: dropping the iterator closes the connection
+        for line in self.lines:
+            if line.startswith("data: "):
+                break
+
+    def read_to_end(self) -> list[str]:
+        return list(self.lines)
+
+    def close(self) -> None:
+        self.response.close()
+        self.http.close()
+
+
+def test_disconnect_mid_stream_cancels_and_keeps_the_cache_consistent(open_server):
+    url = open_server.url
+    reference = post(url, "/v1/completions", {"prompt": "Go on and on", "max_tokens": 24, "temperature": 0}).json()
+    cancelled_before = metric(url, "llamaspec_generations_cancelled_total")
+
+    stream = OpenStream(url, LONG)
+    assert health(url)["running"] == 1
+    stream.close()
+
+    wait_until(lambda: health(url)["running"] == 0, 5, "the cancelled generation to free the model")
+    assert metric(url, "llamaspec_generations_cancelled_total") == cancelled_before + 1
+    again = post(url, "/v1/completions", {"prompt": "Go on and on", "max_tokens": 24, "temperature": 0}).json()
+    assert again["choices"][0]["text"] == reference["choices"][0]["text"]
+
+
+def test_full_queue_answers_429_with_retry_after(open_server):
+    url = open_server.url
+    running = OpenStream(url, LONG)  # occupies the model
+    waiting: dict = {}
+    thread = threading.Thread(target=lambda: waiting.setdefault(
+        "r", post(url, "/v1/completions", {"prompt": "queued", "max_tokens": 3})))
+    thread.start()
+    try:
+        wait_until(lambda: health(url)["queue_depth"] == 1, 10, "the second request to queue")
+
+        r = post(url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2})
+
+        assert_openai_error(r, 429, code="queue_full")
+        assert int(r.headers["retry-after"]) >= 1
+        assert metric(url, "llamaspec_queue_depth") == 1
+    finally:
+        running.close()
+        thread.join(30)
+    assert waiting["r"].status_code == 200  # the queued request is served once the slot frees
+
+
+def test_waiting_client_that_leaves_frees_its_queue_slot(open_server):
+    url = open_server.url
+    running = OpenStream(url, LONG)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            post(url, "/v1/completions", {"prompt": "impatient", "max_tokens": 3}, timeout=0.5)
+        wait_until(lambda: health(url)["queue_depth"] == 0, 5, "the abandoned request to leave the queue")
+        assert health(url)["running"] == 1
+    finally:
+        running.close()
+
+
+def test_sigterm_during_a_stream_exits_zero(tiny_models, tmp_path):
+    srv = start_server(tiny_models, tmp_path / "server.log", "--shutdown-timeout", "1", n_ctx=4096)
+    try:
+        stream = OpenStream(srv.url, LONG)
+        srv.proc.send_signal(signal.SIGTERM)
+        try:  # the generation is cancelled after the grace period; the stream still ends properly
+            rest = stream.read_to_end()
+        finally:
+            stream.close()
+        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+        assert srv.proc.wait(20) == 0
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.stderr()
+    assert "stopped" in srv.stderr()
+
+
+def test_ctrl_c_when_idle_exits_zero(tiny_models, tmp_path):
+    srv = start_server(tiny_models, tmp_path / "server.log")
+    try:
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(20) == 0
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.stderr()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------------------------
+def test_serve_help_lists_the_safety_options():
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--help"])
+
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--api-key", "--admin-key", "--max-queue", "--max-body-bytes"):
+        assert option in result.output
+    assert "127.0.0.1" in result.output
+
+
+def test_public_host_without_api_key_warns(tiny_models, tmp_path):
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+
+    # a missing model file makes the command stop right after the warning, before anything listens
+    result = CliRunner().invoke(main, ["serve", "-m", str(tmp_path / "missing.gguf"), "--host", "0.0.0.0"])
+
+    assert "without --api-key" in result.output
+    assert result.exit_code != 0
