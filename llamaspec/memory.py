@@ -194,20 +194,19 @@ def suggest(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram
             out.append(Suggestion(f"-c {n_ctx}", need, "smaller context"))
             break
         n_ctx //= 2
+    best_ngl = 0
     for label, s in (("", settings), ("-ctk q8_0 -ctv q8_0 ", quantized)):
         ngl = _max_layers(lambda n: _gpu_need(target, draft, s, n, -1), target.n_layer, vram_bytes)
-        if ngl is not None:
+        if ngl is not None and ngl > best_ngl:
+            best_ngl = ngl
             out.append(Suggestion(f"{label}-ngl {ngl}", _gpu_need(target, draft, s, ngl, -1),
                                   f"{ngl} of {target.n_layer} target layers on the GPU, the rest on the CPU; "
                                   "draft fully on the GPU"))
-            break
-    else:
-        if draft is not None:
-            ngld = _max_layers(lambda n: _gpu_need(target, draft, quantized, 0, n), draft.n_layer, vram_bytes)
-            if ngld is not None:
-                out.append(Suggestion(f"-ctk q8_0 -ctv q8_0 -ngl 0 -ngld {ngld}",
-                                      _gpu_need(target, draft, quantized, 0, ngld),
-                                      "target on the CPU, draft on the GPU"))
+    if not best_ngl and draft is not None:
+        ngld = _max_layers(lambda n: _gpu_need(target, draft, quantized, 0, n), draft.n_layer + 1, vram_bytes)
+        if ngld is not None:
+            out.append(Suggestion(f"-ctk q8_0 -ctv q8_0 -ngl 0 -ngld {ngld}",
+                                  _gpu_need(target, draft, quantized, 0, ngld), "target on the CPU, draft on the GPU"))
     return out
 
 

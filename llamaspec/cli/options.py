@@ -12,11 +12,36 @@ from ..errors import LlamaspecError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+DEFAULT_N_CTX = 4096
 
 
 def fail(message: str, code: int = EXIT_ERROR):
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error shown as one line (click's default adds the usage text around it)."""
+
+    def show(self, file=None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"error: {self.format_message()}{hint}", err=True)
+
+
+class Command(click.Command):
+    """A command whose bad flags and values are reported in one line: `@main.command(cls=Command)`."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), ctx) from None
 
 
 def handle_errors(func):
@@ -31,6 +56,12 @@ def handle_errors(func):
             if debug:
                 traceback.print_exc()
             fail(str(e))
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as e:
+            if debug:
+                traceback.print_exc()
+            fail(e.format_message(), e.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
@@ -54,8 +85,8 @@ def pair_options(func):
                      help="Target layers on the GPU (-1 = all)."),
         click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None,
                      help="Draft layers on the GPU (default: as -ngl)."),
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True,
-                     help="Context size in tokens."),
+        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
+                     help=f"Context size in tokens [default: {DEFAULT_N_CTX}, or the --pair entry's]."),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads (default: physical cores)."),
@@ -82,7 +113,7 @@ def pair_options(func):
         click.option("--draft-min", "draft_min", type=click.IntRange(min=0), default=None),
         click.option("--draft-p-min", "draft_p_min", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
                      help="Stop drafting when the draft's top probability falls below this."),
-        click.option("--lookup", "drafter", flag_value="lookup+model", default=False,
+        click.option("--lookup", "drafter", flag_value="lookup+model", default=None,
                      help="Prompt lookup first, then the draft model."),
         click.option("--lookup-only", "drafter", flag_value="lookup",
                      help="Prompt lookup (n-gram) drafting, no draft model."),
@@ -94,10 +125,15 @@ def pair_options(func):
     return func
 
 
-def sampler_options(func):
+def sampler_options(func=None, *, max_tokens: int | None = 256):
+    """--temp, --top-k, ... and -n; `@sampler_options(max_tokens=None)` makes -n default to "until the model
+    stops or the context is full"."""
+    if func is None:
+        return functools.partial(sampler_options, max_tokens=max_tokens)
     options = [
-        click.option("-n", "--max-tokens", "-n-predict", "max_tokens", type=click.IntRange(min=1), default=256,
-                     show_default=True),
+        click.option("-n", "--max-tokens", "-n-predict", "max_tokens", type=click.IntRange(min=1), default=max_tokens,
+                     show_default=max_tokens is not None,
+                     help=None if max_tokens is not None else "Tokens per reply [default: until the context fills]."),
         click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
                      help="0 = greedy."),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
@@ -114,16 +150,27 @@ def sampler_kwargs(opts: dict) -> dict:
     return {k: opts[k] for k in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")}
 
 
-def resolve_model_paths(opts: dict) -> tuple[str, str | None, dict]:
-    """(target path, draft path or None, defaults from the registry entry)."""
+DEFAULT_PAIR = "default"
+
+
+def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str, str | None, dict]:
+    """(target path, draft path or None, defaults from the registry entry). With no model given, the registry's
+    `default` pair when use_default_pair (the registry asks before downloading), else a usage error."""
     defaults: dict = {}
     target, draft = opts.get("model"), opts.get("model_draft")
-    if opts.get("pair_name"):
-        if target:
-            raise click.UsageError("give either --pair or -m/--model, not both")
-        from ..registry import resolve_pair
-
-        target, draft, defaults = resolve_pair(opts["pair_name"], assume_yes=opts.get("assume_yes", False))
+    pair_name = opts.get("pair_name")
+    if pair_name and target:
+        raise click.UsageError("give either --pair or -m/--model, not both")
+    if draft and not target and not pair_name:
+        raise click.UsageError("-md/--model-draft needs a target: add -m TARGET.gguf")
+    if not target and not pair_name and use_default_pair:
+        pair_name = DEFAULT_PAIR
+    if pair_name:
+        try:
+            from ..registry import resolve_pair
+        except ImportError:
+            raise click.UsageError("no model registry in this install: give -m TARGET.gguf [-md DRAFT.gguf]")
+        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False))
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     if opts.get("no_draft"):
@@ -131,34 +178,45 @@ def resolve_model_paths(opts: dict) -> tuple[str, str | None, dict]:
     return str(target), (str(draft) if draft else None), defaults
 
 
-def load_pair_from_options(opts: dict):
+def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_gpu_layers: int | None) -> None:
+    """GPU layers asked for on a CPU-only build; models on a Windows drive under WSL2."""
+    from .. import sysinfo
+    from ..backend import supports_gpu_offload
+
+    asked_gpu = n_gpu_layers > 0 or (draft_n_gpu_layers or 0) > 0
+    if asked_gpu and not supports_gpu_offload():
+        warn("this llama-cpp-python build cannot use a GPU; running on the CPU "
+             "(`llamaspec doctor` shows how to install a CUDA build)")
+    for path in (target, draft):
+        if path and sysinfo.on_windows_drive(path) and sysinfo.is_wsl():
+            warn(f"{path} is on a Windows drive; under WSL2 it loads very slowly. "
+                 "Copy it into the Linux file system (e.g. ~/models)")
+
+
+def load_pair_from_options(opts: dict, use_default_pair: bool = False):
     """Load the pair the options describe (warns and continues on CPU when GPU layers were asked for but the
     installed llama.cpp cannot offload)."""
-    from ..backend import supports_gpu_offload
     from ..engine import load_pair
 
-    target, draft, defaults = resolve_model_paths(opts)
+    target, draft, defaults = resolve_model_paths(opts, use_default_pair)
     n_gpu_layers = opts["n_gpu_layers"]
-    if n_gpu_layers != 0 and not supports_gpu_offload() and opts.get("_warn_gpu", True):
-        if n_gpu_layers > 0:
-            click.echo("warning: this llama-cpp-python build cannot use a GPU; running on the CPU "
-                       "(`llamaspec doctor` shows how to install a CUDA build)", err=True)
+    warn_before_load(target, draft, n_gpu_layers, opts.get("draft_n_gpu_layers"))
     tensor_split = None
     if opts.get("tensor_split"):
         try:
             tensor_split = [float(x) for x in opts["tensor_split"].split(",")]
         except ValueError:
             raise click.BadParameter(f"not a list of numbers: {opts['tensor_split']!r}", param_hint="--tensor-split")
-    n_ctx = opts["n_ctx"] if opts.get("n_ctx") is not None else defaults.get("n_ctx", 4096)
+    n_ctx = opts["n_ctx"] if opts.get("n_ctx") is not None else defaults.get("n_ctx", DEFAULT_N_CTX)
     return load_pair(
         target, draft,
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"),
-        n_ctx=n_ctx, n_batch=opts["n_batch"], n_threads=opts.get("n_threads"),
+        n_ctx=n_ctx, n_batch=min(opts["n_batch"], n_ctx),  # llama.cpp clamps n_batch to n_ctx n_threads=opts.get("n_threads"),
         draft_n_threads=opts.get("draft_n_threads"), flash_attn=opts["flash_attn"],
         cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"], main_gpu=opts["main_gpu"],
         draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"], tensor_split=tensor_split,
         rpc_servers=opts.get("rpc_servers"), no_repack=True if opts.get("no_repack") else None,
-        policy=opts["policy"], draft_max=opts.get("draft_max", defaults.get("draft_max")),
+        policy=opts["policy"], draft_max=opts["draft_max"] if opts.get("draft_max") is not None else defaults.get("draft_max"),
         draft_min=opts.get("draft_min"), draft_p_min=opts.get("draft_p_min"),
         drafter=opts.get("drafter") or "model", verbose=opts.get("verbose", False),
     )

@@ -1,0 +1,145 @@
+"""`llamaspec bench`: plain decoding against speculation, same prompts, one run (the library is llamaspec.bench)."""
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+import sys
+
+import click
+
+from . import main
+from .options import Command, fail, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options
+
+PLOT_INSTALL = "pip install 'llamaspec[plot]'"
+TABLE_COLUMNS = ("mode", "draft len", "mean draft", "acceptance", "tok/pass", "tok/s", "speedup", "same output")
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table_rows(report) -> list[tuple[str, ...]]:
+    rows = []
+    for r in report.results:
+        draft_len = "0" if r.policy == "plain" else (str(r.draft_len) if r.policy == "fixed" else f"<={r.draft_len}")
+        same = "-" if r.same_output is None else f"{r.same_output}/{r.prompts}"
+        rows.append((r.mode, draft_len, f"{r.mean_draft_len:.2f}", _fmt(r.acceptance_rate, ".0%"),
+                     f"{r.mean_accepted_length:.2f}", f"{r.tokens_per_second:.1f}", _fmt(r.speedup, ".2f") + "x",
+                     same))
+    return rows
+
+
+def format_table(rows, columns=TABLE_COLUMNS) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def hardware_info(pair, n_threads: int | None) -> dict:
+    from .. import sysinfo
+    from ..backend import default_threads, supports_gpu_offload
+
+    gpus = sysinfo.nvidia_gpus()
+    threads = n_threads or default_threads()
+    return {"line": sysinfo.hardware_line(threads, gpus), "cpu": sysinfo.cpu_model(), "cores": sysinfo.cpu_count(),
+            "threads": threads, "gpus": [{"name": g.name, "total_mib": g.total_mib} for g in gpus],
+            "gpu_offload": supports_gpu_offload()}
+
+
+def model_info(model) -> dict | None:
+    if model is None:
+        return None
+    return {"name": model.info.name, "path": str(model.path), "arch": model.info.arch,
+            "size_bytes": model.info.weights_bytes}
+
+
+def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int | None):
+    from .. import bench
+
+    if k_list is None and policies is None:
+        return bench.default_modes(pair, draft_max)
+    modes = [bench.fixed_mode(k) for k in (bench.parse_k_list(k_list) if k_list else [])]
+    modes += [bench.policy_mode(name, draft_max) for name in (bench.parse_policy_list(policies) if policies else [])]
+    return modes
+
+
+@main.command(cls=Command)
+@click.option("--prompts", "prompt_spec", default="code", show_default=True,
+              help="Built-in set (code, prose, grounded, all) or a JSONL file of {\"prompt\": ...} lines.")
+@click.option("--k", "k_list", default=None, help="Fixed draft lengths to sweep, e.g. 1,2,3,5,8.")
+@click.option("--policies", default=None, help="Adaptive policies to compare, e.g. auto,confidence,threshold.")
+@click.option("--raw", is_flag=True, help="Send prompts as raw text instead of a chat-templated user message.")
+@click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up generation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the results as CSV.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help=f"Draw speedup and acceptance against draft length into a PNG (needs {PLOT_INSTALL}).")
+@pair_options
+@sampler_options(max_tokens=128)
+@handle_errors
+def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_path, **opts):
+    """Compare plain decoding with speculation (fixed draft lengths, policies) on the same prompts."""
+    from .. import bench as lib
+    from ..prompts import load_prompts
+
+    if as_json and as_csv:
+        raise click.UsageError("choose one of --json and --csv")
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            fail(f"--plot needs matplotlib: {PLOT_INSTALL}")
+    if k_list is not None:
+        lib.parse_k_list(k_list)
+    if policies is not None:
+        lib.parse_policy_list(policies)
+    prompts = load_prompts(prompt_spec)
+    command = shlex.join(["llamaspec", *sys.argv[1:]]) if sys.argv and "llamaspec" in sys.argv[0] else None
+
+    pair = load_pair_from_options(opts)
+    try:
+        modes = build_modes(pair, k_list, policies, opts.get("draft_max"))
+        token_prompts = lib.prepare_prompts(pair, prompts, chat=not raw)
+        click.echo("warming up..." if not no_warmup else "running...", err=True)
+        n_runs = len(prompts) * (1 + sum(m.policy != "plain" for m in modes))  # run_bench adds plain
+        with click.progressbar(length=n_runs, label="bench", file=sys.stderr) as bar:
+            report = lib.run_bench(pair, token_prompts, modes, max_tokens=opts["max_tokens"],
+                                   sampler={k: v for k, v in sampler_kwargs(opts).items() if k != "max_tokens"},
+                                   warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update)
+        hardware = hardware_info(pair, opts.get("n_threads"))
+        header = {"command": command, "target": model_info(pair.target), "draft": model_info(pair.draft),
+                  "hardware": hardware, "prompts": prompt_spec}
+        if as_json:
+            click.echo(json.dumps({**header, **report.to_dict()}, indent=2))
+        elif as_csv:
+            write_csv(report)
+        else:
+            print_report(header, report, len(prompts))
+        if plot_path:
+            lib.plot_report(report, plot_path)
+            click.echo(f"plot written to {plot_path}", err=True)
+    finally:
+        pair.close()
+
+
+def write_csv(report) -> None:
+    rows = [r.to_dict() for r in report.results]
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def print_report(header: dict, report, n_prompts: int) -> None:
+    if header["command"]:
+        click.echo(f"command:  {header['command']}")
+    target, draft = header["target"], header["draft"]
+    click.echo(f"target:   {target['name']} ({target['path']})")
+    click.echo(f"draft:    {draft['name']} ({draft['path']})" if draft else "draft:    none")
+    click.echo(f"hardware: {header['hardware']['line']}; llama.cpp GPU offload: "
+               f"{'yes' if header['hardware']['gpu_offload'] else 'no'}")
+    temperature = report.sampler.get("temperature") or 0
+    sampling = "greedy" if not temperature else f"temperature {temperature:g}"
+    click.echo(f"prompts:  {header['prompts']} ({n_prompts}), up to {report.max_tokens} tokens each, {sampling}")
+    click.echo()
+    click.echo(format_table(table_rows(report)))

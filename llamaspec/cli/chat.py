@@ -1,0 +1,270 @@
+"""`llamaspec chat`: an interactive terminal chat with the target's own chat template.
+
+Both KV caches are reused across turns (the engine keeps what matches the new prompt's prefix), so a turn only
+prefills the new messages. Ctrl-C during a reply stops it; the partial reply stays in the history (the model can
+be asked to continue, and templates that insist on user/assistant alternation keep working). A reply stopped
+before its first token removes the user message again.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from . import main
+from .options import Command, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options
+
+PROMPT = ">>> "
+CONTINUATION = "... "
+MULTILINE = '"""'
+HELP = f"""Commands:
+  /stats          full statistics of the last reply
+  /reset          forget the conversation (keeps the system prompt)
+  /k N            fixed draft length N (0 = plain decoding)
+  /policy NAME    draft-length policy: auto, fixed, confidence, threshold
+  /temp X         sampling temperature (0 = greedy)
+  /save FILE      write the conversation as JSON
+  /help           this text
+  /exit           quit (Ctrl-D too)
+Ctrl-C stops a reply. Start a message with {MULTILINE} to type several lines; end it with {MULTILINE}."""
+
+
+def dim(text: str) -> str:
+    return click.style(text, dim=True)
+
+
+def stats_line(stats, draft_len: int | None) -> str:
+    """tok/s, acceptance, mean accepted length, current draft length, time to first token."""
+    parts = [f"{stats.tokens_generated} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    if draft_len is not None:
+        acceptance = f"{stats.acceptance_rate:.0%}" if stats.drafted else "-"
+        parts += [f"acceptance {acceptance}", f"{stats.mean_accepted_length:.2f} tok/pass", f"draft {draft_len}"]
+    parts.append(f"first token {stats.time_to_first_token:.2f} s "
+                 f"({stats.prompt_tokens_cached}/{stats.prompt_tokens} prompt tokens cached)")
+    return " | ".join(parts)
+
+
+def format_stats(stats) -> str:
+    lines = []
+    for key, value in stats.to_dict().items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items()) or "-"
+        lines.append(f"  {key:<22} {value}")
+    return "\n".join(lines)
+
+
+def read_message() -> str:
+    """One message; a message starting with \"\"\" runs until a line ending with \"\"\"."""
+    line = input(PROMPT)
+    if not line.lstrip().startswith(MULTILINE):
+        return line
+    lines = [line.lstrip()[len(MULTILINE):]]
+    while not lines[-1].rstrip().endswith(MULTILINE):
+        lines.append(input(CONTINUATION))
+    lines[-1] = lines[-1].rstrip()[:-len(MULTILINE)]
+    return "\n".join(lines).strip("\n")
+
+
+class ChatSession:
+    """The conversation, the sampler settings, and the slash commands that change them."""
+
+    def __init__(self, pair, system: str | None, sampler: dict, policy_settings: dict):
+        from ..chat import ChatTemplate
+
+        self.pair = pair
+        self.template = ChatTemplate.from_model_info(pair.target.info)
+        self.system = system
+        self.messages: list[dict] = []
+        self.sampler = sampler
+        self.policy_settings = policy_settings
+        self.last_stats = None
+
+    # -- a turn ---------------------------------------------------------------------------------------------
+    def conversation(self) -> list[dict]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
+
+    def prompt_tokens(self) -> list[int]:
+        rendered = self.template.render(self.conversation())
+        return self.pair.tokenize(rendered, add_special=self.template.add_special_for(rendered))
+
+    def reply(self, text: str) -> None:
+        from ..errors import ContextOverflowError, LlamaspecError
+
+        self.messages.append({"role": "user", "content": text})
+        sampler = dict(self.sampler)
+        if sampler["max_tokens"] is None:
+            sampler["max_tokens"] = self.pair.n_ctx
+        try:
+            pieces = self.pair.stream(self.prompt_tokens(), **sampler)
+        except LlamaspecError as e:
+            self.messages.pop()
+            click.echo(f"error: {e}", err=True)
+            if isinstance(e, ContextOverflowError):
+                click.echo(dim("the conversation no longer fits in the context: /reset starts a new one "
+                               "(or restart with a larger -c)"))
+            return
+        parts: list[str] = []
+        interrupted = failed = False
+        try:
+            for piece in pieces:
+                parts.append(piece.text)
+                click.echo(piece.text, nl=False)
+        except KeyboardInterrupt:
+            interrupted = True
+            pieces.close()
+        except LlamaspecError as e:
+            failed = True
+            click.echo(f"\nerror: {e}", err=True)
+        reply = "".join(parts)
+        if reply or not (interrupted or failed):
+            self.messages.append({"role": "assistant", "content": reply})
+        else:
+            self.messages.pop()
+        self.last_stats = stats = self.pair.last_stats
+        click.echo()
+        if interrupted:
+            click.echo(dim("[stopped" + ("; the partial reply stays in the history]" if reply else "]")))
+        if stats is not None and stats.finish_reason == "context":
+            click.echo(dim(f"[the context is full ({self.pair.n_ctx} tokens): /reset starts a new conversation, "
+                           "or restart with a larger -c]"))
+        if stats is not None:
+            draft_len = self.pair.policy.next_draft_len() if self.pair.speculative else None
+            click.echo(dim(stats_line(stats, draft_len)))
+
+    # -- slash commands -------------------------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Run a slash command; False means quit."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        handler = {"/exit": self.cmd_exit, "/quit": self.cmd_exit, "/help": self.cmd_help, "/stats": self.cmd_stats,
+                   "/reset": self.cmd_reset, "/k": self.cmd_k, "/policy": self.cmd_policy, "/temp": self.cmd_temp,
+                   "/save": self.cmd_save}.get(name)
+        if handler is None:
+            click.echo(f"unknown command {name}; /help lists them")
+            return True
+        return handler(arg) is not False
+
+    def cmd_exit(self, arg):
+        return False
+
+    def cmd_help(self, arg):
+        click.echo(HELP)
+
+    def cmd_stats(self, arg):
+        if self.last_stats is None:
+            click.echo("no reply yet")
+        else:
+            click.echo(format_stats(self.last_stats))
+
+    def cmd_reset(self, arg):
+        self.messages.clear()
+        self.pair.reset()
+        self.last_stats = None
+        click.echo(dim("[new conversation]"))
+
+    def _needs_draft(self) -> bool:
+        if not self.pair.speculative:
+            click.echo("no draft model loaded (-md): decoding is plain")
+            return False
+        return True
+
+    def cmd_k(self, arg):
+        from ..policy import FixedPolicy
+
+        if not arg.isdigit():
+            click.echo("usage: /k N  (a draft length; 0 = plain decoding)")
+        elif self._needs_draft():
+            self.pair.set_policy(FixedPolicy(int(arg)))
+            click.echo(dim(f"[draft length {int(arg)}, fixed]"))
+
+    def cmd_policy(self, arg):
+        from ..errors import InvalidParameterError
+        from ..policy import POLICY_NAMES, make_policy
+
+        if arg not in POLICY_NAMES:
+            click.echo(f"usage: /policy NAME  ({', '.join(POLICY_NAMES)})")
+            return
+        if not self._needs_draft():
+            return
+        s = self.policy_settings
+        try:
+            self.pair.set_policy(make_policy(arg, k=s.get("draft_max"), k_min=s.get("draft_min"),
+                                             p_min=s.get("draft_p_min")))
+        except InvalidParameterError as e:
+            click.echo(f"error: {e}")
+            return
+        click.echo(dim(f"[policy {arg}, next draft length {self.pair.policy.next_draft_len()}]"))
+
+    def cmd_temp(self, arg):
+        try:
+            value = float(arg)
+        except ValueError:
+            value = -1.0
+        if not value >= 0.0:
+            click.echo("usage: /temp X  (X >= 0; 0 = greedy)")
+            return
+        self.sampler["temperature"] = value
+        click.echo(dim(f"[temperature {value:g}]"))
+
+    def cmd_save(self, arg):
+        if not arg:
+            click.echo("usage: /save FILE")
+            return
+        record = {"model": str(self.pair.target.path),
+                  "draft": str(self.pair.draft.path) if self.pair.draft is not None else None,
+                  "system": self.system, "messages": self.messages,
+                  "sampler": {k: v for k, v in self.sampler.items() if k != "max_tokens"}}
+        path = Path(arg).expanduser()
+        try:
+            path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            click.echo(f"error: cannot write {path}: {e.strerror or e}")
+            return
+        click.echo(dim(f"[saved {len(self.messages)} messages to {path}]"))
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def loop(self) -> None:
+        while True:
+            try:
+                line = read_message()
+            except (EOFError, KeyboardInterrupt):
+                click.echo()
+                return
+            if not line.strip():
+                continue
+            if line.startswith("/") and not line.startswith("//"):
+                if not self.command(line):
+                    return
+                continue
+            self.reply(line[1:] if line.startswith("//") else line)
+
+
+def _enable_line_editing() -> None:
+    try:
+        import readline  # noqa: F401  (input() gains history and editing)
+    except ImportError:
+        pass
+
+
+@main.command(cls=Command)
+@click.option("--system", "-sys", "system", default=None, help="System prompt.")
+@pair_options
+@sampler_options(max_tokens=None)
+@handle_errors
+def chat(system, **opts):
+    """Chat with the pair in the terminal (uses the chat template in the target GGUF)."""
+    pair = load_pair_from_options(opts, use_default_pair=True)
+    try:
+        session = ChatSession(pair, system, sampler_kwargs(opts),
+                              {k: opts.get(k) for k in ("draft_max", "draft_min", "draft_p_min")})
+        draft = f"draft {pair.draft.path.name}" if pair.draft is not None else "no draft"
+        policy = f", policy {pair.policy.name}" if pair.speculative else ""
+        click.echo(dim(f"llamaspec chat: {pair.target.path.name}, {draft}{policy}, context {pair.n_ctx}. "
+                       "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit quits."))
+        _enable_line_editing()
+        session.loop()
+    finally:
+        pair.close()

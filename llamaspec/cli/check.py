@@ -1,0 +1,113 @@
+"""`llamaspec check`: will this pair work, and does it fit, without loading any weights."""
+from __future__ import annotations
+
+import click
+
+from . import main
+from .options import Command, fail, handle_errors, resolve_model_paths
+
+KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
+
+
+def gib(n_bytes: int) -> str:
+    from ..memory import GiB, MiB
+
+    return f"{n_bytes / GiB:.2f} GiB" if n_bytes >= GiB else f"{n_bytes / MiB:.0f} MiB"
+
+
+def default_vram(main_gpu: int) -> tuple[float, str]:
+    """GiB and where the number came from: free memory of the main GPU per nvidia-smi, else 24."""
+    from ..memory import DEFAULT_VRAM_GB
+    from ..sysinfo import nvidia_gpus
+
+    gpus = nvidia_gpus()
+    gpu = next((g for g in gpus if g.index == main_gpu), gpus[0] if gpus else None)
+    if gpu is None:
+        return DEFAULT_VRAM_GB, "no GPU found; assumed"
+    return gpu.free_mib / 1024, f"free on GPU {gpu.index} ({gpu.name}) per nvidia-smi"
+
+
+def print_compatibility(report) -> None:
+    width = max(len(f.label) for f in report.fields)
+    click.echo("Pair compatibility (the check run at load time):")
+    for f in report.fields:
+        value = f.target if f.target == f.draft else f"target {f.target} / draft {f.draft}"
+        click.echo(f"  {f.label:<{width}}  {'OK      ' if f.ok else 'MISMATCH'}  {value}")
+    click.echo("  => compatible" if report.compatible else f"  => NOT compatible: {report.mismatch}")
+
+
+def print_plan(plan, vram_source: str) -> None:
+    s = plan.settings
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}, "
+               f"flash attention {'on' if s.flash_attn else 'off'}; GPU {plan.vram_bytes / 2**30:.1f} GiB "
+               f"({vram_source})")
+    rows = [("", "weights", "KV cache", "compute", "on GPU", "CPU-only RAM")]
+    for role, m in (("target", plan.target), ("draft", plan.draft)):
+        if m is not None:
+            layers = "all" if m.fully_offloaded else f"{max(m.n_gpu_layers, 0)}/{m.n_layer} layers"
+            rows.append((f"{role} ({layers})", gib(m.weights), gib(m.kv_cache), gib(m.compute), gib(m.gpu_total),
+                         gib(m.total)))
+    rows.append(("GPU runtime (estimate)", "", "", "", gib(plan.overhead), ""))
+    rows.append(("total", "", "", "", gib(plan.gpu_bytes), gib(plan.ram_bytes_cpu_only)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    spare = plan.vram_bytes - plan.gpu_bytes
+    if plan.fits:
+        where = "as asked" if not all(m.fully_offloaded for m in plan.models) else "fully offloaded"
+        click.echo(f"  => fits {where}, {gib(spare)} to spare")
+        return
+    click.echo(f"  => does not fit: needs {gib(plan.gpu_bytes)} of {gib(plan.vram_bytes)}")
+    if not plan.suggestions:
+        click.echo("  nothing fits on this GPU; run on the CPU (-ngl 0 -ngld 0)")
+    for sug in plan.suggestions:
+        click.echo(f"  fits with {sug.flags:<30} {gib(sug.gpu_bytes):>10} on the GPU  ({sug.note})")
+
+
+@main.command(cls=Command)
+@click.argument("target", required=False, type=click.Path(dir_okay=False))
+@click.argument("draft", required=False, type=click.Path(dir_okay=False))
+@click.option("--pair", "pair_name", help="A named pair from models.toml instead of TARGET DRAFT.")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True)
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default="f16", show_default=True)
+@click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default="f16", show_default=True)
+@click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True)
+@click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None)
+@click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="GPU memory in GiB [default: free memory nvidia-smi reports, else 24].")
+@click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts (--pair).")
+@handle_errors
+def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, flash_attn, n_gpu_layers,
+          draft_n_gpu_layers, main_gpu, vram, assume_yes):
+    """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers."""
+    from ..compat import compatibility_report
+    from ..gguf_meta import read_model_info
+    from ..memory import Settings, plan_memory
+
+    target_path, draft_path, _ = resolve_model_paths({"model": target, "model_draft": draft, "pair_name": pair_name,
+                                                      "assume_yes": assume_yes})
+    target_info = read_model_info(target_path)
+    draft_info = read_model_info(draft_path) if draft_path else None
+    for role, info in (("target", target_info), ("draft", draft_info)):
+        if info is not None:
+            click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
+                       f"trained context {info.n_ctx_train})")
+    report = compatibility_report(target_info, draft_info) if draft_info is not None else None
+    if report is not None:
+        click.echo()
+        print_compatibility(report)
+
+    vram_gib, source = (vram, "--vram") if vram is not None else default_vram(main_gpu)
+    settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
+                        flash_attn=flash_attn != "off")
+    plan = plan_memory(target_info, draft_info, settings, int(vram_gib * 2**30), n_gpu_layers, draft_n_gpu_layers)
+    click.echo()
+    print_plan(plan, source)
+    if n_ctx > target_info.n_ctx_train > 0:
+        click.echo(f"note: context {n_ctx} is beyond the target's trained context {target_info.n_ctx_train}")
+    if report is not None and not report.compatible:
+        fail(f"draft {draft_info.path} cannot speculate for target {target_info.path}: {report.mismatch}")

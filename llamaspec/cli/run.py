@@ -1,0 +1,84 @@
+"""`llamaspec run`: one-shot generation for scripts."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import main
+from .options import Command, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options, warn
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """PROMPT, the text of -f FILE, or stdin for `-` (either form)."""
+    from ..prompts import PromptFileError
+
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt as an argument or with -f FILE, not both")
+    if prompt is None and prompt_file is None:
+        raise click.UsageError("no prompt: give PROMPT, -f FILE, or - to read stdin")
+    if prompt == "-" or prompt_file == "-":
+        return sys.stdin.read()
+    if prompt is not None:
+        return prompt
+    path = Path(prompt_file)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PromptFileError(f"{path}: no such prompt file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"{path}: cannot read prompt file ({getattr(e, 'strerror', None) or e})") from None
+
+
+def chat_tokens(pair, messages: list[dict]) -> list[int]:
+    """The conversation rendered with the chat template embedded in the target GGUF, as token ids."""
+    from ..chat import ChatTemplate
+
+    template = ChatTemplate.from_model_info(pair.target.info)
+    rendered = template.render(messages)
+    return pair.tokenize(rendered, add_special=template.add_special_for(rendered))
+
+
+@main.command(cls=Command)
+@click.argument("prompt", required=False)
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Read the prompt from FILE (- = stdin).")
+@click.option("--chat", "use_chat", is_flag=True, help="Apply the target's chat template (PROMPT is the user message).")
+@click.option("--system", default=None, help="System prompt (implies --chat).")
+@click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the text and the statistics as JSON.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a statistics line on stderr.")
+@pair_options
+@sampler_options
+@handle_errors
+def run(prompt, prompt_file, use_chat, system, stop, as_json, show_stats, **opts):
+    """Generate once from PROMPT (or -f FILE, or - for stdin) and print the text."""
+    text = read_prompt(prompt, prompt_file)
+    pair = load_pair_from_options(opts, use_default_pair=True)
+    try:
+        if use_chat or system is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            source = chat_tokens(pair, messages)
+        else:
+            source = text
+        pieces = []
+        for piece in pair.stream(source, stop=list(stop), **sampler_kwargs(opts)):
+            pieces.append(piece.text)
+            if not as_json:
+                click.echo(piece.text, nl=False)
+        stats = pair.last_stats
+        if as_json:
+            click.echo(json.dumps({"text": "".join(pieces), "finish_reason": stats.finish_reason,
+                                   "model": str(pair.target.path),
+                                   "draft": str(pair.draft.path) if pair.draft is not None else None,
+                                   "stats": stats.to_dict()}, indent=2))
+        else:
+            click.echo()
+        if stats.finish_reason == "context":
+            warn(f"generation stopped: the context ({pair.n_ctx} tokens) is full; raise it with -c")
+        if show_stats:
+            click.echo(stats.summary(), err=True)
+    finally:
+        pair.close()
