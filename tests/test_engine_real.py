@@ -1,0 +1,128 @@
+"""The engine on the real Qwen2.5-Coder pair (1.5B target, 0.5B draft) and two unrelated tiny real models.
+
+Skipped with a reason when LLAMASPEC_TEST_MODELS does not point at the files made by fetch-test-models.
+"""
+import numpy as np
+import pytest
+
+from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
+from llamaspec import load_pair
+from llamaspec.drafters import common_prefix_len
+from llamaspec.errors import IncompatiblePairError
+from llamaspec.policy import FixedPolicy, make_policy
+from llamaspec.sampling import SamplerConfig, filtered_probs
+
+pytestmark = pytest.mark.realmodel
+
+CODE_PROMPTS = [
+    "def quicksort(arr):",
+    "# Python: read a CSV file and print the average of the 'price' column\nimport csv\n",
+    "function debounce(fn, wait) {",
+    "class LRUCache:\n    def __init__(self, capacity):",
+    "-- SQL: the ten customers with the highest total order value\nSELECT",
+    "fn fibonacci(n: u64) -> u64 {",
+    "#include <stdio.h>\n\nint main(void) {\n    // print the first 20 primes\n",
+    "def parse_args():\n    parser = argparse.ArgumentParser(",
+    "// Go: an HTTP handler that returns the current time as JSON\nfunc timeHandler(w http.ResponseWriter, r *http.Request) {",
+    "def binary_search(items, target):\n    \"\"\"Return the index of target in the sorted list items, or -1.\"\"\"\n",
+]
+PROSE_PROMPTS = [
+    "The history of the printing press begins",
+    "Here are five tips for writing clear documentation:\n1.",
+    "Once upon a time, in a small village by the sea,",
+    "The main differences between TCP and UDP are",
+    "Photosynthesis is the process by which",
+    "Dear hiring manager,\n\nI am writing to apply for",
+    "A recipe for a simple tomato soup:\nIngredients:",
+    "The three laws of thermodynamics can be summarised as follows.",
+    "In 1969, the Apollo 11 mission",
+    "Why is the sky blue? The short answer is",
+]
+# Batched and one-token decoding may round differently; a divergence is allowed only at a near-tie.
+NEAR_TIE = 0.05
+
+
+@pytest.fixture(scope="module")
+def real_pair(real_models):
+    with load_pair(real_models / REAL_TARGET, real_models / REAL_DRAFT, n_ctx=1024, policy="fixed", draft_max=4,
+                   no_repack=True) as pair:
+        yield pair
+
+
+def target_logits_after(pair, tokens):
+    """The target's logits for the token after `tokens` (one-token decoding of the last one)."""
+    ctx = pair.target_ctx
+    common = min(common_prefix_len(ctx.tokens, tokens), len(tokens) - 1)
+    ctx.truncate(common)
+    return np.array(ctx.eval(tokens[common:], logits="last")[0])
+
+
+@pytest.mark.parametrize("prompt", CODE_PROMPTS + PROSE_PROMPTS)
+def test_greedy_speculative_output_equals_plain_decoding(real_pair, prompt):
+    real_pair.set_policy(FixedPolicy(0))
+    plain = real_pair.generate(prompt, max_tokens=128)
+    real_pair.set_policy(FixedPolicy(4))
+    spec = real_pair.generate(prompt, max_tokens=128)
+    assert spec.stats.drafted > 0
+    if spec.tokens == plain.tokens:
+        return
+    i = common_prefix_len(spec.tokens, plain.tokens)
+    logits = target_logits_after(real_pair, real_pair.tokenize(prompt) + plain.tokens[:i])
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] < NEAR_TIE, (
+        f"divergence at token {i} where the target's top-2 logits differ by {top2[1] - top2[0]:.4f}")
+    assert {spec.tokens[i], plain.tokens[i]} <= set(np.argsort(logits)[-2:].tolist())
+
+
+def test_auto_policy_output_equals_plain_decoding(real_pair):
+    real_pair.set_policy(FixedPolicy(0))
+    plain = real_pair.generate(CODE_PROMPTS[0], max_tokens=96)
+    real_pair.set_policy(make_policy("auto"))
+    assert real_pair.generate(CODE_PROMPTS[0], max_tokens=96).tokens == plain.tokens
+
+
+# chi-square critical values at p = 0.001, by degrees of freedom
+CHI2_CRIT_0001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88,
+                  10: 29.59, 11: 31.26, 12: 32.91}
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic over bins with expected count >= 5 (the rest pooled into one bin)."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = list(counts[big]) + [counts[~big].sum()]
+    exp = list(expected[big]) + [expected[~big].sum()]
+    obs, exp = np.array(obs), np.array(exp)
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    return stat, int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize("prompt", ["The best thing about summer is", "def add(a, b):\n    return"])
+def test_sampled_next_token_follows_the_target_distribution(real_pair, prompt):
+    cfg = SamplerConfig(temperature=1.0, top_k=12)
+    tokens = real_pair.tokenize(prompt)
+    p = filtered_probs(target_logits_after(real_pair, tokens), cfg).astype(np.float64)
+    real_pair.set_policy(FixedPolicy(3))
+    n_samples = 240
+    counts = np.zeros(len(p))
+    drafted = accepted = 0
+    for seed in range(n_samples):
+        c = real_pair.generate(tokens, max_tokens=3, temperature=1.0, top_k=12, seed=seed)
+        counts[c.tokens[0]] += 1
+        drafted += c.stats.drafted
+        accepted += c.stats.accepted
+    assert drafted > 0 and accepted > 0  # the draft's tokens were really used
+    assert counts[p == 0].sum() == 0     # nothing outside the target's top-k
+    stat, dof = chi_square(counts, p)
+    assert dof >= 1
+    assert stat < CHI2_CRIT_0001[dof], f"chi2={stat:.1f} with {dof} dof"
+
+
+@pytest.mark.parametrize("other, field", [(REAL_SMOLLM, "pre-tokenizer"), (REAL_GEMMA, "vocabulary type")])
+def test_unrelated_models_fail_the_pair_check(real_models, other, field):
+    with pytest.raises(IncompatiblePairError) as err:
+        load_pair(real_models / REAL_TARGET, real_models / other, no_repack=True)
+    msg = str(err.value)
+    assert field in msg and REAL_TARGET in msg and other in msg
