@@ -13,7 +13,8 @@ import _common  # noqa: F401  (makes llamaspec importable from a checkout)
 import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress
 
-from llamaspec.gguf_edit import check_output_path, parse_layer_list, prune_blocks, read_gguf, select_blocks, write_gguf
+from llamaspec.gguf_edit import (check_output_path, check_prunable, parse_layer_list, prune_blocks, read_gguf,
+                                 select_blocks, write_gguf)
 from llamaspec.gguf_meta import read_model_info
 
 
@@ -39,6 +40,7 @@ def describe_blocks(keep: list[int]) -> str:
 def main(model, output, keep_first, drop_last, layers, force, quiet):
     """Keep a subset of MODEL's transformer blocks and write the smaller model to OUTPUT."""
     contents = read_gguf(model)
+    check_prunable(contents)
     output = check_output_path(output, force, inputs=[model])
     keep = select_blocks(contents.n_layer, keep_first=keep_first, drop_last=drop_last,
                          layers=parse_layer_list(layers) if layers is not None else None)

@@ -15,8 +15,8 @@ import _common  # noqa: F401  (makes llamaspec importable from a checkout)
 import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors
 
-from llamaspec.errors import InvalidParameterError, ModelFileError
-from llamaspec.gguf_edit import check_output_path, temp_path_for
+from llamaspec.errors import InvalidParameterError, ModelFileError, ModelLoadError
+from llamaspec.gguf_edit import check_output_path, temp_path_for, write_failure_message
 from llamaspec.gguf_meta import read_model_info
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -91,8 +91,12 @@ def main(model, output, qtype, threads, allow_requantize, force, quiet):
             show=not quiet and sys.stderr.isatty(), progress=quantize_progress)
         read_model_info(tmp)  # a short write (disk full) shows up as a truncated file
         tmp.replace(output)
-    except ModelFileError as e:
-        raise ModelFileError(f"{output}: the quantized file is incomplete; is the disk full? ({e})") from None
+    except ModelFileError:
+        raise ModelFileError(write_failure_message(output, "the quantized file came out truncated")) from None
+    except ModelLoadError as e:
+        if "iostream" not in str(e):
+            raise
+        raise ModelFileError(write_failure_message(output, "llama.cpp could not write it")) from None
     finally:
         tmp.unlink(missing_ok=True)
     click.echo(f"wrote {output}: {qtype}, {megabytes(output.stat().st_size)} (was {megabytes(source.file_size)}), "

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,12 +225,21 @@ def write_gguf(contents: GGUFContents, output: str | os.PathLike, *, progress: b
         writer = None
         os.replace(tmp, output)
     except OSError as e:
-        raise ModelFileError(f"{output}: cannot write the output ({e.strerror or e})") from None
+        raise ModelFileError(write_failure_message(output, e.strerror or str(e))) from None
     finally:
         if writer is not None:
             _close_quietly(writer)
         tmp.unlink(missing_ok=True)
     return output
+
+
+def write_failure_message(output: Path, reason: str) -> str:
+    """One line for a failed write, with the free space left (a full disk is the usual cause)."""
+    try:
+        free = f"{shutil.disk_usage(output.parent).free / 1e6:,.0f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    return f"{output}: writing failed ({reason}; {free}); nothing was written under this name"
 
 
 def _byte_view(tensor: TensorData) -> np.ndarray:
@@ -294,13 +304,20 @@ def select_blocks(n_layer: int, *, keep_first: int | None = None, drop_last: int
     return keep
 
 
+def check_prunable(contents: GGUFContents) -> None:
+    """UnsupportedModelError unless the model's blocks can be dropped and renumbered freely."""
+    if contents.arch not in PRUNABLE_ARCHS:
+        raise UnsupportedModelError(
+            f"{contents.path}: architecture {contents.arch!r} is not supported for pruning (supported: "
+            f"{', '.join(PRUNABLE_ARCHS)})")
+    if f"{contents.arch}.block_count" not in contents.fields:
+        raise ModelFileError(f"{contents.path}: no {contents.arch}.block_count in the metadata; not a model file")
+
+
 def prune_blocks(contents: GGUFContents, keep: Sequence[int]) -> GGUFContents:
     """Keep the blocks `keep` (renumbered 0..len-1); per-block metadata arrays keep the same entries."""
+    check_prunable(contents)
     arch, n_layer = contents.arch, contents.n_layer
-    if arch not in PRUNABLE_ARCHS:
-        raise UnsupportedModelError(
-            f"{contents.path}: architecture {arch!r} is not supported for pruning (supported: "
-            f"{', '.join(PRUNABLE_ARCHS)})")
     new_index = {old: new for new, old in enumerate(keep)}
     present = {int(m[1]) for m in (_BLOCK_TENSOR.fullmatch(t.name) for t in contents.tensors) if m}
     missing = [i for i in keep if i not in present]
@@ -315,8 +332,6 @@ def prune_blocks(contents: GGUFContents, keep: Sequence[int]) -> GGUFContents:
         elif int(match[1]) in new_index:
             tensors.append(dataclasses.replace(tensor, name=f"blk.{new_index[int(match[1])]}.{match[2]}"))
 
-    if f"{arch}.block_count" not in contents.fields:
-        raise ModelFileError(f"{contents.path}: no {arch}.block_count in the metadata; not a model file")
     changed = [contents.fields[f"{arch}.block_count"].replaced(len(keep))]
     for field in contents.fields.values():
         if (field.key.startswith(f"{arch}.") and field.vtype == GGUFValueType.ARRAY
