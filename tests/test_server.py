@@ -165,6 +165,16 @@ def test_completion_greedy_output_equals_library_output(client, library_pair):
     assert got.object == "text_completion"
 
 
+def test_token_id_prompt_equals_text_prompt(client, library_pair):
+    tokens = library_pair.tokenize("Once upon a time")
+
+    by_ids = client.completions.create(model="x", prompt=tokens, max_tokens=6, temperature=0)
+    by_text = client.completions.create(model="x", prompt="Once upon a time", max_tokens=6, temperature=0)
+
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(tokens)
+
+
 def test_usage_counts_prompt_and_completion_tokens(client, library_pair):
     prompt = "The quick brown fox jumps over the lazy dog"
     got = client.completions.create(model="x", prompt=prompt, max_tokens=7, temperature=0)
@@ -325,6 +335,8 @@ def test_invalid_chat_fields_are_rejected_naming_the_field(server, fields, param
     ({"model": "x", "prompt": ["one", "two"]}, "prompt"),
     ({"model": "x", "prompt": "hi", "echo": True}, "echo"),
     ({"model": "x", "prompt": "hi", "best_of": 3}, "best_of"),
+    ({"model": "x", "prompt": [10**9]}, "prompt"),
+    ({"model": "x", "prompt": ""}, "prompt"),
 ])
 def test_invalid_completion_fields_are_rejected(server, body, param):
     assert_openai_error(post(server.url, "/v1/completions", body, AUTH), 400, param=param)
@@ -400,7 +412,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def test_policy_change_is_applied_and_shown_in_metrics(server, client):
-    before = client.completions.create(model="x", prompt="Policy test", max_tokens=16, temperature=0)
+    before = client.completions.create(model="x", prompt="Policy test", max_tokens=8, temperature=0)
 
     r = httpx.patch(f"{server.url}/admin/config", headers=ADMIN,
                     json={"policy": "fixed", "draft_max": 5, "draft_p_min": 0.6})
@@ -408,7 +420,7 @@ def test_policy_change_is_applied_and_shown_in_metrics(server, client):
     assert r.json()["policy"] == {"policy": "fixed", "draft_len": 5, "p_min": 0.6}
     assert metric(server.url, 'llamaspec_draft_length{policy="fixed"}', AUTH) == 5
 
-    after = client.completions.create(model="x", prompt="Policy test", max_tokens=16, temperature=0)
+    after = client.completions.create(model="x", prompt="Policy test", max_tokens=8, temperature=0)
     assert after.choices[0].text == before.choices[0].text  # the policy changes speed, never the greedy text
     assert after.model_extra["llamaspec"]["policy"] == "fixed"
 
@@ -460,6 +472,34 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
                  'llamaspec_time_per_output_token_seconds_bucket{le="+Inf"}'):
         assert name in text
     assert "# TYPE llamaspec_time_to_first_token_seconds histogram" in text
+
+
+def test_histogram_renders_cumulative_buckets_sum_and_count():
+    from llamaspec.metrics import Histogram
+
+    h = Histogram("t_seconds", "help", buckets=(0.1, 1.0))
+    for value in (0.05, 0.5, 0.7, 3.0):
+        h.observe(value)
+
+    lines = h.render()
+
+    assert lines[:2] == ["# HELP t_seconds help", "# TYPE t_seconds histogram"]
+    assert lines[2:] == ['t_seconds_bucket{le="0.1"} 1', 't_seconds_bucket{le="1"} 3', 't_seconds_bucket{le="+Inf"} 4',
+                         "t_seconds_sum 4.25", "t_seconds_count 4"]
+
+
+def test_counter_labels_are_escaped_and_checked():
+    from llamaspec.metrics import Counter
+
+    c = Counter("c_total", "help", ("endpoint",))
+    c.inc(endpoint='a"b\\c')
+    c.inc(2, endpoint='a"b\\c')
+
+    assert c.render()[-1] == 'c_total{endpoint="a\\"b\\\\c"} 3'
+    with pytest.raises(ValueError):
+        c.inc(status="200")
+    with pytest.raises(ValueError):
+        c.inc(-1, endpoint="x")
 
 
 # ---------------------------------------------------------------------------------------------------------------
