@@ -32,12 +32,6 @@ _SCALAR_FORMATS = {
     GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
     GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
-_ARRAY_DTYPES = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
-    GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4", GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
-}
-
 TOKEN_TYPE_UNUSED = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED: a padding entry no text maps to
 _PAD_TOKEN = re.compile(rb"\[PAD\d+\]")
 
@@ -174,7 +168,7 @@ def _read_value(buf, pos: int, vtype: GGUFValueType) -> tuple[Any, GGUFValueType
         return items, elem_type, pos
     if elem_type == GGUFValueType.ARRAY:
         raise UnsupportedModelError("nested metadata arrays are not supported")
-    dtype = np.dtype(_ARRAY_DTYPES[elem_type])
+    dtype = np.dtype(_SCALAR_FORMATS[elem_type])
     values = np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist()
     return values, elem_type, pos + dtype.itemsize * count
 
@@ -425,10 +419,9 @@ def _resized_vocab_fields(draft: GGUFContents, target: ModelInfo, n_vocab: int) 
             continue
         values = list(field.value[:n_vocab])
         if len(values) < n_vocab:
-            # the target's own entries for the new ids; gguf_meta gives ("skipped", n) for an array it did not keep
+            # the new ids get the target's own entries (target read with keep_all), else the filler
             source = target.tokens if key == "tokenizer.ggml.tokens" else target.get(key)
-            extra = [] if source is None or isinstance(source, tuple) and source[:1] == ("skipped",) \
-                else [_as_element(v, field.sub_type) for v in source[len(values):n_vocab]]
+            extra = [_as_element(v, field.sub_type) for v in source[len(values):n_vocab]] if source is not None else []
             values += extra + [filler] * (n_vocab - len(values) - len(extra))
         changed.append(field.replaced(values))
     vocab_size = draft.fields.get(f"{draft.arch}.vocab_size")

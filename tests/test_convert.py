@@ -95,6 +95,8 @@ def models(tiny_models, vocab_dir, tmp_path_factory) -> dict[str, Path]:
         out[label] = rewrite(deep, d / f"{label}.gguf", tensors=tensors)
     out["padded128"] = make_tiny_model(d / "padded128.gguf", qwen, seed=1, n_vocab=QWEN_VOCAB + 128, name="pad128")
     out["padded256"] = make_tiny_model(d / "padded256.gguf", qwen, seed=1, n_vocab=QWEN_VOCAB + 256, name="pad256")
+    out["spm_padded"] = make_tiny_model(d / "spm-padded.gguf", vocab_dir / "ggml-vocab-llama-spm.gguf", seed=2,
+                                        n_vocab=32000 + 64, name="spm-padded")
     out["wide"] = make_tiny_model(d / "wide.gguf", qwen, seed=4, n_embd=256, n_ff=512, name="tiny-wide")
     out["not_gguf"] = d / "notes.gguf"
     out["not_gguf"].write_text("this is not a model\n" * 10)
@@ -250,6 +252,17 @@ def test_align_pads_draft_to_pass_the_pair_check(models, tmp_path):
         assert bytes(rows.data[:original.data.nbytes]) == bytes(original.data)
         assert not np.any(rows.data[original.data.nbytes:])
     assert generate(target, out) == generate(target)
+
+
+def test_align_pads_scores_of_a_sentencepiece_vocabulary(models, tmp_path):
+    out = tmp_path / "aligned.gguf"
+    assert_ok(run_script("align_vocab.py", models["other"], models["spm_padded"], out))
+    aligned, target = read_gguf(out), read_gguf(models["spm_padded"])
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        assert aligned.get(key) == target.get(key), key
+        assert aligned.fields[key].sub_type == read_gguf(models["other"]).fields[key].sub_type
+    check_pair(read_model_info(models["spm_padded"]), read_model_info(out))
+    generate(models["spm_padded"], out)
 
 
 def test_align_trims_padding(models, tmp_path):
