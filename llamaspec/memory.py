@@ -4,9 +4,10 @@ both fit on a GPU, and if not, which single change (-ngl, -c, KV type) makes the
 The estimates follow what llama.cpp allocates (checked against its load log on CPU):
   weights = sum of tensor bytes (exact: the "model buffer size")
   KV      = n_layer * n_ctx * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)   (exact)
-  compute = max(logits, attention scores) + 2 * n_embd * n_ubatch * 4
+  compute = max(logits, attention scores) + (2 or 3) * n_embd * n_ubatch * 4
             logits = n_vocab * n_ubatch * 4 (only where the output layer is); attention scores (no flash
-            attention) = 1.1 * n_ctx * n_ubatch * n_head * 4                   (within ~3% on CPU)
+            attention) = 1.1 * n_ctx * n_ubatch * n_head * 4; 3 activation rows with a quantized KV cache or
+            without flash attention                                                 (within ~2% on CPU)
 Offloading follows llama.cpp: -ngl N puts the last N repeating layers (and their KV) on the GPU, the output layer
 only when N > n_layer, and the token embeddings stay on the CPU (a tied output matrix is duplicated on the GPU).
 This module knows nothing about llama.cpp itself and loads no weights.
@@ -70,7 +71,10 @@ def kv_cache_bytes(info: ModelInfo, settings: Settings, n_layers: int | None = N
 def compute_buffer_bytes(info: ModelInfo, settings: Settings, with_output: bool = True) -> int:
     logits = info.n_vocab * settings.n_ubatch * 4 if with_output else 0
     scores = 0 if settings.flash_attn else ATTENTION_SLACK * settings.n_ctx * settings.n_ubatch * info.n_head * 4
-    activations = 2 * info.n_embd * settings.n_ubatch * 4
+    # one more activation row per token when the attention reads a quantized cache or runs without flash attention
+    extra = settings.type_k not in ("f32", "f16", "bf16") or settings.type_v not in ("f32", "f16", "bf16") \
+        or not settings.flash_attn
+    activations = (3 if extra else 2) * info.n_embd * settings.n_ubatch * 4
     return int(max(logits, scores) + activations)
 
 

@@ -128,6 +128,15 @@ def test_missing_prompt_is_one_line_usage_error(tiny_models):
     assert_one_line_error(invoke(["run", *pair_args(tiny_models)]), "no prompt", code=2)
 
 
+@pytest.mark.parametrize("command", [["run", "hi"], ["chat"]])
+def test_no_model_falls_back_to_the_default_pair(command, tmp_path, monkeypatch):
+    """Without -m, chat and run use the registry's `default` pair; with no terminal to ask, they say how to get it."""
+    for var in ("HF_HOME", "HF_HUB_CACHE", "LLAMASPEC_CONFIG_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_one_line_error(invoke(command), "'default'", code=1)
+
+
 def test_debug_flag_shows_the_traceback(tmp_path):
     result = invoke(["run", "-m", tmp_path / "nope.gguf", "x", "--debug"])
     assert result.exit_code == 1 and "Traceback" in result.stderr
