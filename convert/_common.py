@@ -27,6 +27,9 @@ def one_line_errors(func):
         except LlamaspecError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
+        except ImportError as e:  # llama-cpp-python missing: its message says how to install it
+            click.echo(f"error: {str(e).splitlines()[0]}", err=True)
+            sys.exit(1)
         except OSError as e:
             click.echo(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), err=True)
             sys.exit(1)
