@@ -574,6 +574,8 @@ class Service:
 
     # -- generation ---------------------------------------------------------------------------------------------
     async def generate(self, request: Request, req: GenerationRequest, fmt: _Format) -> Response:
+        """Queue the request, wait for its turn, answer with JSON or an event stream; a client that leaves (while
+        waiting or generating) cancels its job."""
         job = Job(req, asyncio.get_running_loop())
         if not self.worker.submit(job):
             if self.stopping:
@@ -581,33 +583,36 @@ class Service:
             raise APIError(429, f"the server is busy ({self.config.max_queue} requests already waiting); retry "
                                 "shortly", code="queue_full", kind="rate_limit_error", headers={"Retry-After": "1"})
         disconnected = asyncio.ensure_future(_wait_disconnect(request.receive))
-        streaming = False
+        handed_over = False  # to the event stream, which cleans up itself
         try:
             first = await _next_event(job, disconnected)
             if first is None:
                 return _Gone()
-            kind, value = first
-            if kind == "error":
-                raise _error_for(value, req)
+            if first[0] == "error":
+                raise _error_for(first[1], req)
             if req.stream:
-                streaming = True
+                handed_over = True
                 return _EventStream(job, fmt, disconnected, lambda: self.worker.cancel(job))
-            texts = []
-            while True:
-                event = await _next_event(job, disconnected)
-                if event is None:
-                    return _Gone()
-                kind, value = event
-                if kind == "text":
-                    texts.append(value)
-                elif kind == "error":
-                    raise _error_for(value, req)
-                else:
-                    return JSONResponse(fmt.full("".join(texts), value))
+            return await self._collect(job, disconnected, fmt)
         finally:
-            if not streaming:
+            if not handed_over:
                 disconnected.cancel()
                 self.worker.cancel(job)
+
+    @staticmethod
+    async def _collect(job: Job, disconnected: asyncio.Task, fmt: _Format) -> Response:
+        texts = []
+        while True:
+            event = await _next_event(job, disconnected)
+            if event is None:
+                return _Gone()
+            kind, value = event
+            if kind == "text":
+                texts.append(value)
+            elif kind == "error":
+                raise _error_for(value, job.request)
+            else:
+                return JSONResponse(fmt.full("".join(texts), value))
 
     async def chat_completions(self, request: Request) -> Response:
         self.authorize(request)

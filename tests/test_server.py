@@ -260,7 +260,8 @@ def test_harmless_openai_fields_are_accepted(server):
 
 
 def test_content_parts_are_joined_into_text(client, library_pair):
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}]}]
+    content = [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}]
+    parts = [{"role": "user", "content": content}]
     plain = [{"role": "user", "content": "Name three colours."}]
 
     a = client.chat.completions.create(model="x", messages=parts, max_tokens=8, temperature=0)
@@ -379,7 +380,8 @@ def test_unknown_route_and_wrong_method_get_json_errors(server):
 # Auth
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
-                                     {"Authorization": f"Basic {API_KEY}"}], ids=["none", "wrong", "no-scheme", "basic"])
+                                     {"Authorization": f"Basic {API_KEY}"}],
+                         ids=["none", "wrong", "no-scheme", "basic"])
 def test_routes_need_the_api_key(server, headers):
     body = {"model": "x", "prompt": "hi", "max_tokens": 1}
     assert_openai_error(post(server.url, "/v1/completions", body, headers), 401, code="invalid_api_key")
