@@ -11,7 +11,7 @@ if [ -x "$OUT/bin/llama-speculative-simple" ] && [ "$(cat "$OUT/VERSION" 2>/dev/
   echo "$OUT/bin"; exit 0
 fi
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-python -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$TMP" "llama-cpp-python==$VER" >&2
+python -m pip download -q --no-deps --no-binary :all: -d "$TMP" "llama-cpp-python==$VER" >&2
 tar xzf "$TMP"/llama_cpp_python-"$VER".tar.gz -C "$TMP"
 SRC="$TMP/llama_cpp_python-$VER/vendor/llama.cpp"
 cmake -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \

@@ -41,7 +41,7 @@ def find_vocab_dir() -> Path | None:
     except Exception:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                "-d", tmp, f"llama-cpp-python=={lcpp_version}"]
         # pip download of an sdist only prepares metadata; no build happens.
         if subprocess.run(cmd, capture_output=True, timeout=600).returncode != 0:

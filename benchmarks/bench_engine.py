@@ -1,0 +1,191 @@
+"""Engine benchmark: plain decoding, every draft policy, and llama.cpp's own llama-speculative-simple, on the same
+prompts and files in one run. Prints a markdown report (also written to --out) with ratios against plain decoding.
+
+    python benchmarks/bench_engine.py --target T.gguf --draft D.gguf [--tools DIR] [--no-repack] [--tokens 128]
+
+--tools is the folder holding llama-speculative-simple (benchmarks/build-llama-tools.sh prints it). Greedy and
+T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamaspec import load_pair
+from llamaspec.backend import default_threads, library_version, supports_gpu_offload
+from llamaspec.policy import make_policy
+
+CODE = [
+    "def quicksort(arr):",
+    "# Python: parse a CSV file and print the mean of the 'price' column\nimport csv\n",
+    "function debounce(fn, wait) {",
+    "class LRUCache:\n    def __init__(self, capacity):",
+]
+PROSE = [
+    "The history of the printing press begins",
+    "Here are five tips for writing clear documentation:\n1.",
+    "The main differences between TCP and UDP are",
+    "Photosynthesis is the process by which",
+]
+
+
+@dataclass
+class Row:
+    mode: str
+    temperature: float
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+    overhead: list = field(default_factory=list)   # Python overhead fraction per request
+    step_overhead_ms: list = field(default_factory=list)
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def hardware() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = "GPU offload available" if supports_gpu_offload() else "CPU-only build"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            gpu = out.stdout.strip().replace("\n", "; ")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
+
+
+def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: int = 0) -> Row:
+    row = Row(mode, temperature)
+    for i, prompt in enumerate(prompts):
+        pair.reset()
+        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i)
+        s = c.stats
+        row.tokens += s.tokens_generated
+        row.seconds += s.decode_time
+        row.drafted += s.drafted
+        row.accepted += s.accepted
+        row.passes += s.target_passes
+        row.overhead.append(s.python_overhead)
+        if s.target_passes:
+            row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
+    return row
+
+
+def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: int, k: int, temperature: float,
+                   threads: int, no_repack: bool, extra: list[str]) -> dict:
+    exe = tools / "llama-speculative-simple"
+    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--draft-max", str(k),
+           "--draft-min", "0", "--draft-p-min", "0", "-t", str(threads), "-td", str(threads), "-c", "2048",
+           "--temp", str(temperature), "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
+    if no_repack:
+        cmd.append("--no-repack")
+    env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    log = out.stdout + out.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
+    accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
+    if out.returncode != 0 or not m:
+        raise RuntimeError(f"llama-speculative-simple failed ({out.returncode}): {shlex.join(cmd)}\n{log[-2000:]}")
+    return {"tokens": int(m.group(1)), "seconds": float(m.group(2)),
+            "drafted": int(drafted.group(1)) if drafted else 0, "accepted": int(accepted.group(1)) if accepted else 0,
+            "cmd": shlex.join(cmd)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--tools", type=Path, help="folder with llama-speculative-simple")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--no-repack", action="store_true")
+    ap.add_argument("-ngl", type=int, default=-1)
+    ap.add_argument("--k", type=int, default=5, help="draft length of the fixed policy and llama.cpp's run")
+    ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto")
+    ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("--prompts", default="code,prose")
+    ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+
+    prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name]]
+    temps = [float(t) for t in a.temps.split(",")]
+    modes = a.modes.split(",")
+    lines = [f"# llamaspec engine benchmark", "",
+             f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
+             f"- target: {Path(a.target).name}; draft: {Path(a.draft).name}",
+             f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
+             f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
+             f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
+                     n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k)
+    pair.generate("warm up", max_tokens=16)
+    results = []
+    for temperature in temps:
+        rows = []
+        for mode in modes:
+            policy = make_policy("fixed", k=0) if mode == "plain" else make_policy(
+                mode, k=a.k if mode in ("fixed",) else None)
+            pair.set_policy(policy)
+            label = f"fixed k={a.k}" if mode == "fixed" else mode
+            rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
+            print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
+        llama = None
+        if a.tools:
+            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, a.k, temperature, a.threads,
+                                   a.no_repack, a.llama_extra.split()) for p in prompts]
+            llama = Row(f"llama-speculative-simple k={a.k}", temperature,
+                        tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
+                        drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))
+            rows.append(llama)
+            print(f"done: T={temperature} llama.cpp: {llama.tps:.2f} tok/s ({runs[0]['cmd']})", file=sys.stderr)
+        plain = next(r for r in rows if r.mode == "plain")
+        lines += [f"## temperature {temperature}", "",
+                  "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            tpp = f"{r.tokens / r.passes:.2f}" if r.passes else "-"
+            ovh = f"{100 * sum(r.overhead) / len(r.overhead):.1f}%" if r.overhead else "-"
+            step = f"{sum(r.step_overhead_ms) / len(r.step_overhead_ms):.2f} ms" if r.step_overhead_ms else "-"
+            lines.append(f"| {r.mode} | {r.tps:.2f} | {r.tps / plain.tps:.2f}x | {r.drafted} | "
+                         f"{100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} |")
+            results.append({"temperature": temperature, "mode": r.mode, "tok_s": r.tps, "vs_plain": r.tps / plain.tps,
+                            "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance})
+        lines.append("")
+    report = "\n".join(lines)
+    print(report)
+    if a.out:
+        a.out.write_text(report + "\n")
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
