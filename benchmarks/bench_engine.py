@@ -99,8 +99,9 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
 def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: int, k: int, temperature: float,
                    threads: int, no_repack: bool, extra: list[str]) -> dict:
     exe = tools / "llama-speculative-simple"
-    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--draft-max", str(k),
-           "--draft-min", "0", "--draft-p-min", "0", "-t", str(threads), "-td", str(threads), "-c", "2048",
+    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--spec-type", "draft-simple",
+           "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
+           "-t", str(threads), "-td", str(threads), "-c", "2048",
            "--temp", str(temperature), "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
     if no_repack:
         cmd.append("--no-repack")
@@ -126,7 +127,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("-ngl", type=int, default=-1)
-    ap.add_argument("--k", type=int, default=5, help="draft length of the fixed policy and llama.cpp's run")
+    ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and llama.cpp's runs")
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto")
     ap.add_argument("--temps", default="0,0.8")
     ap.add_argument("--prompts", default="code,prose")
@@ -144,28 +146,30 @@ def main() -> None:
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    ks = [int(k) for k in a.k.split(",")]
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
-                     n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k)
+                     n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn)
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:
         rows = []
-        for mode in modes:
-            policy = make_policy("fixed", k=0) if mode == "plain" else make_policy(
-                mode, k=a.k if mode in ("fixed",) else None)
+        runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
+        for mode, k in runs:
+            policy = make_policy("fixed", k=0) if mode == "plain" else make_policy(mode, k=k)
             pair.set_policy(policy)
-            label = f"fixed k={a.k}" if mode == "fixed" else mode
+            label = f"fixed k={k}" if mode == "fixed" else mode
             rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
-        llama = None
-        if a.tools:
-            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, a.k, temperature, a.threads,
+        for k in ks if a.tools else []:
+            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
                                    a.no_repack, a.llama_extra.split()) for p in prompts]
-            llama = Row(f"llama-speculative-simple k={a.k}", temperature,
+            llama = Row(f"llama-speculative-simple k={k}", temperature,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
                         drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))
             rows.append(llama)
-            print(f"done: T={temperature} llama.cpp: {llama.tps:.2f} tok/s ({runs[0]['cmd']})", file=sys.stderr)
+            print(f"done: T={temperature} llama.cpp k={k}: {llama.tps:.2f} tok/s", file=sys.stderr)
+            if k == ks[0]:
+                lines.append(f"- llama.cpp command (first prompt): `{runs[0]['cmd']}`")
         plain = next(r for r in rows if r.mode == "plain")
         lines += [f"## temperature {temperature}", "",
                   "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step |",
