@@ -206,12 +206,14 @@ def plot_report(report: BenchReport, path: str) -> None:
     fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     plain_x = [0] if report.plain else []
     ax_speed.plot(plain_x + [r.draft_len for r in fixed], [1.0] * len(plain_x) + [r.speedup or 0 for r in fixed],
-                  marker="o", label="fixed k")
+                  marker="o", color="C0", label="fixed k")
     ax_speed.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax_acc.plot([r.draft_len for r in fixed], [r.acceptance_rate or 0 for r in fixed], marker="o", label="fixed k")
-    for r in adaptive:
-        ax_speed.scatter([r.mean_draft_len], [r.speedup or 0], marker="s", label=r.mode)
-        ax_acc.scatter([r.mean_draft_len], [r.acceptance_rate or 0], marker="s", label=r.mode)
+    ax_acc.plot([r.draft_len for r in fixed], [r.acceptance_rate or 0 for r in fixed], marker="o", color="C0",
+                label="fixed k")
+    for i, r in enumerate(adaptive, start=1):
+        style = {"marker": "s", "color": f"C{i}", "label": r.mode}
+        ax_speed.scatter([r.mean_draft_len], [r.speedup or 0], **style)
+        ax_acc.scatter([r.mean_draft_len], [r.acceptance_rate or 0], **style)
     ax_speed.set(xlabel="draft length (mean for policies)", ylabel="speedup vs plain", title="Speedup")
     ax_acc.set(xlabel="draft length (mean for policies)", ylabel="acceptance rate", title="Acceptance", ylim=(0, 1))
     for ax in (ax_speed, ax_acc):
