@@ -773,7 +773,9 @@ def create_app(pair, config: ServerConfig) -> Starlette:
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: any free port); binding first lets the caller print the real port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets that do, and with Nagle on a
+    # keep-alive client waits ~40 ms (a delayed ACK) for every response body
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

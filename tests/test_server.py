@@ -25,6 +25,7 @@ API_KEY = "sk-test-key"
 ADMIN_KEY = "admin-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 N_CTX = 1024
+HTTP = httpx.Client(timeout=60)  # one client for the helpers: a new one per call costs ~40 ms (TLS set-up)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -55,13 +56,21 @@ class ServerProcess:
                 self.proc.wait(5)
 
 
+def _one_cpu() -> None:
+    """Keep the server on one CPU (llama.cpp's default thread count follows the affinity), leaving the other
+    cores to the test process: fewer threads fighting over a small machine."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+
+
 def start_server(models: dict, log: Path, *args: str, n_ctx: int = N_CTX, draft: str = "noisy") -> ServerProcess:
     """`python -m llamaspec serve` on 127.0.0.1, any free port; returns once it says where it listens."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(models["target"]), "-md", str(models[draft]),
            "-c", str(n_ctx), "-t", "1", "--port", "0", *args]
     with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                preexec_fn=_one_cpu)
     deadline = time.monotonic() + 90
     while True:
         text = log.read_text(errors="replace")
@@ -76,7 +85,7 @@ def start_server(models: dict, log: Path, *args: str, n_ctx: int = N_CTX, draft:
 
 def metric(url: str, line_prefix: str, headers=None) -> float:
     """One sample of /metrics (0 when absent)."""
-    text = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10).text
+    text = HTTP.get(f"{url}/metrics", headers=headers or {}, timeout=10).text
     for line in text.splitlines():
         if line.startswith(line_prefix + " "):
             return float(line.rsplit(" ", 1)[1])
@@ -92,7 +101,7 @@ def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> Non
 
 
 def health(url: str) -> dict:
-    return httpx.get(f"{url}/health", timeout=10).json()
+    return HTTP.get(f"{url}/health", timeout=10).json()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -132,7 +141,7 @@ def library_pair(tiny_models):
 
 def post(url: str, path: str, body, headers=None, timeout: float = 60) -> httpx.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{url}{path}", content=data, headers={"Content-Type": "application/json", **(headers or {})},
+    return HTTP.post(f"{url}{path}", content=data, headers={"Content-Type": "application/json", **(headers or {})},
                       timeout=timeout)
 
 
@@ -372,8 +381,8 @@ def test_official_client_raises_bad_request_for_n_above_one(client):
 
 
 def test_unknown_route_and_wrong_method_get_json_errors(server):
-    assert_openai_error(httpx.get(f"{server.url}/v1/nothing", headers=AUTH), 404)
-    assert_openai_error(httpx.get(f"{server.url}/v1/chat/completions", headers=AUTH), 405)
+    assert_openai_error(HTTP.get(f"{server.url}/v1/nothing", headers=AUTH), 404)
+    assert_openai_error(HTTP.get(f"{server.url}/v1/chat/completions", headers=AUTH), 405)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -386,25 +395,36 @@ def test_routes_need_the_api_key(server, headers):
     body = {"model": "x", "prompt": "hi", "max_tokens": 1}
     assert_openai_error(post(server.url, "/v1/completions", body, headers), 401, code="invalid_api_key")
     assert_openai_error(post(server.url, "/v1/chat/completions", {"messages": MESSAGES}, headers), 401)
-    assert httpx.get(f"{server.url}/v1/models", headers=headers).status_code == 401
-    assert httpx.get(f"{server.url}/metrics", headers=headers).status_code == 401
+    assert HTTP.get(f"{server.url}/v1/models", headers=headers).status_code == 401
+    assert HTTP.get(f"{server.url}/metrics", headers=headers).status_code == 401
 
 
 def test_health_needs_no_key(server):
-    r = httpx.get(f"{server.url}/health")
+    r = HTTP.get(f"{server.url}/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_keep_alive_responses_are_not_held_back_by_nagle(server):
+    # with Nagle on, every response body after the first waits for the client's delayed ACK (>= 40 ms on Linux)
+    with httpx.Client(timeout=10) as http:
+        times = []
+        for _ in range(9):
+            start = time.perf_counter()
+            assert http.get(f"{server.url}/health").status_code == 200
+            times.append(time.perf_counter() - start)
+    assert sorted(times)[4] < 0.03, times
 
 
 def test_admin_needs_the_admin_key_not_the_api_key(server):
     body = {"policy": "fixed", "draft_max": 3}
-    assert_openai_error(httpx.patch(f"{server.url}/admin/config", json=body, headers=AUTH), 401)
-    assert_openai_error(httpx.patch(f"{server.url}/admin/config", json=body), 401)
+    assert_openai_error(HTTP.patch(f"{server.url}/admin/config", json=body, headers=AUTH), 401)
+    assert_openai_error(HTTP.patch(f"{server.url}/admin/config", json=body), 401)
 
 
 def test_admin_is_refused_when_no_key_is_configured(open_server):
-    r = httpx.patch(f"{open_server.url}/admin/config", json={"policy": "fixed"})
+    r = HTTP.patch(f"{open_server.url}/admin/config", json={"policy": "fixed"})
     assert_openai_error(r, 403, code="admin_disabled")
-    assert httpx.get(f"{open_server.url}/admin/config").status_code == 403
+    assert HTTP.get(f"{open_server.url}/admin/config").status_code == 403
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -416,7 +436,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 def test_policy_change_is_applied_and_shown_in_metrics(server, client):
     before = client.completions.create(model="x", prompt="Policy test", max_tokens=8, temperature=0)
 
-    r = httpx.patch(f"{server.url}/admin/config", headers=ADMIN,
+    r = HTTP.patch(f"{server.url}/admin/config", headers=ADMIN,
                     json={"policy": "fixed", "draft_max": 5, "draft_p_min": 0.6})
     assert r.status_code == 200, r.text
     assert r.json()["policy"] == {"policy": "fixed", "draft_len": 5, "p_min": 0.6}
@@ -426,10 +446,10 @@ def test_policy_change_is_applied_and_shown_in_metrics(server, client):
     assert after.choices[0].text == before.choices[0].text  # the policy changes speed, never the greedy text
     assert after.model_extra["llamaspec"]["policy"] == "fixed"
 
-    r = httpx.patch(f"{server.url}/admin/config", headers=ADMIN, json={"policy": "auto", "draft_max": None,
+    r = HTTP.patch(f"{server.url}/admin/config", headers=ADMIN, json={"policy": "auto", "draft_max": None,
                                                                        "draft_p_min": None})
     assert r.status_code == 200 and r.json()["policy"]["policy"] == "auto"
-    assert httpx.get(f"{server.url}/admin/config", headers=ADMIN).json()["settings"]["policy"] == "auto"
+    assert HTTP.get(f"{server.url}/admin/config", headers=ADMIN).json()["settings"]["policy"] == "auto"
 
 
 @pytest.mark.parametrize("body,param", [
@@ -441,12 +461,12 @@ def test_policy_change_is_applied_and_shown_in_metrics(server, client):
     ({"temperature": 0.5}, "temperature"),
 ])
 def test_invalid_policy_changes_are_rejected_and_change_nothing(server, body, param):
-    before = httpx.get(f"{server.url}/admin/config", headers=ADMIN).json()
+    before = HTTP.get(f"{server.url}/admin/config", headers=ADMIN).json()
 
-    r = httpx.patch(f"{server.url}/admin/config", json=body, headers=ADMIN)
+    r = HTTP.patch(f"{server.url}/admin/config", json=body, headers=ADMIN)
 
     assert_openai_error(r, 400, param=param)
-    assert httpx.get(f"{server.url}/admin/config", headers=ADMIN).json() == before
+    assert HTTP.get(f"{server.url}/admin/config", headers=ADMIN).json() == before
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -468,7 +488,7 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
     assert metric(server.url, "llamaspec_tokens_generated_total", AUTH) == tokens_before + got.usage.completion_tokens
     assert metric(server.url, "llamaspec_time_to_first_token_seconds_count", AUTH) == ttft_before + 1
 
-    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    text = HTTP.get(f"{server.url}/metrics", headers=AUTH).text
     for name in ("llamaspec_draft_tokens_total", "llamaspec_draft_tokens_accepted_total", "llamaspec_acceptance_rate",
                  "llamaspec_mean_accepted_length", "llamaspec_queue_depth", "llamaspec_draft_length{policy=",
                  'llamaspec_time_per_output_token_seconds_bucket{le="+Inf"}'):
