@@ -8,9 +8,8 @@ quantization type). Drafts whose real tokens differ from the target's are refuse
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (makes llamaspec importable from a checkout)
 import click
-from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress
+from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress  # first: finds llamaspec
 
 from llamaspec.errors import IncompatiblePairError
 from llamaspec.gguf_edit import align_vocab, check_output_path, read_gguf, vocab_mismatch_ignoring_size, write_gguf

@@ -9,9 +9,8 @@ copied byte for byte (any quantization), through a temp file renamed at the end.
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (makes llamaspec importable from a checkout)
 import click
-from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress
+from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress  # first: finds llamaspec
 
 from llamaspec.gguf_edit import (check_output_path, check_prunable, parse_layer_list, prune_blocks, read_gguf,
                                  select_blocks, write_gguf)

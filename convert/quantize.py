@@ -11,9 +11,8 @@ import sys
 import threading
 import time
 
-import _common  # noqa: F401  (makes llamaspec importable from a checkout)
 import click
-from _common import CONTEXT_SETTINGS, megabytes, one_line_errors
+from _common import CONTEXT_SETTINGS, megabytes, one_line_errors  # first: finds llamaspec
 
 from llamaspec.errors import InvalidParameterError, ModelFileError, ModelLoadError
 from llamaspec.gguf_edit import check_output_path, temp_path_for, write_failure_message
