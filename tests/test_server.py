@@ -626,6 +626,33 @@ def test_ctrl_c_when_idle_exits_zero(tiny_models, tmp_path):
     assert "Traceback" not in srv.stderr()
 
 
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_real_pair_chat_through_the_server_equals_the_library(real_models, tmp_path):
+    from conftest import REAL_DRAFT, REAL_TARGET
+
+    from llamaspec.chat import ChatTemplate
+    from llamaspec.engine import load_pair
+
+    models = {"target": real_models / REAL_TARGET, "draft": real_models / REAL_DRAFT}
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    srv = start_server(models, tmp_path / "server.log", "--policy", "fixed", "--draft-max", "4", draft="draft",
+                       n_ctx=512)
+    try:
+        got = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=300) \
+            .chat.completions.create(model="x", messages=messages, max_tokens=24, temperature=0)
+    finally:
+        srv.stop()
+    with load_pair(str(models["target"]), str(models["draft"]), n_ctx=512, n_threads=1) as pair:
+        template = ChatTemplate.from_model_info(pair.target.info)
+        prompt = template.render(messages)
+        expected = pair.generate(prompt, max_tokens=24, add_special=template.add_special_for(prompt))
+
+    assert got.choices[0].message.content == expected.text
+    assert "def " in expected.text
+    assert got.model_extra["llamaspec"]["accepted"] > 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------------------------------------------

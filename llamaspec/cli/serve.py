@@ -38,8 +38,7 @@ def serve(**opts):
     if opts["host"] not in ("127.0.0.1", "localhost", "::1") and not opts["api_key"]:
         click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
                    "can use the model", err=True)
-    if opts.get("drafter") == "False":  # click turns the --lookup flag's default into the string 'False'
-        opts["drafter"] = None
+    sock = bind(opts["host"], opts["port"])  # a busy port fails now, not after a long model load
     pair = load_pair_from_options(opts)
     service = None
     try:
@@ -52,7 +51,6 @@ def serve(**opts):
         service = app.state.service
         if service.template_error:
             click.echo(f"warning: /v1/chat/completions is unavailable: {service.template_error}", err=True)
-        sock = bind(opts["host"], opts["port"])
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         draft = pair.draft.path.name if pair.draft is not None else "none"
