@@ -231,7 +231,6 @@ class Job:
         self.request = request
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
-        self.state = "queued"  # -> running -> done (guarded by the worker's lock)
         self.submitted = time.monotonic()
         self._loop = loop
 
@@ -280,10 +279,10 @@ class Worker:
         return True
 
     def cancel(self, job: Job) -> None:
+        """Drop a waiting job at once; a running one stops at its next token. Harmless on a finished job."""
         job.cancelled.set()
         with self._lock:
-            if self._queued.pop(id(job), None) is not None:
-                job.state = "done"
+            self._queued.pop(id(job), None)
 
     def set_policy(self, policy) -> concurrent.futures.Future:
         """Swap the draft policy between two engine steps; the future resolves once it is in place."""
@@ -305,7 +304,6 @@ class Worker:
             if self._running is not None:
                 self._running.cancelled.set()
         for job in waiting:
-            job.state = "done"
             job.cancelled.set()
             job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
 
@@ -329,7 +327,7 @@ class Worker:
             with self._lock:
                 if self._queued.pop(id(item), None) is None:
                     continue  # cancelled while waiting
-                item.state, self._running = "running", item
+                self._running = item
             try:
                 self._run(item)
             except Exception:  # never let one request take the worker down
@@ -337,7 +335,7 @@ class Worker:
                 item.emit("error", APIError(500, "internal error", kind="server_error"))
             finally:
                 with self._lock:
-                    item.state, self._running = "done", None
+                    self._running = None
 
     def _apply_policies(self) -> None:
         with self._lock:
@@ -364,13 +362,18 @@ class Worker:
                 self._apply_policies()
                 if job.cancelled.is_set():
                     break
-        except Exception as e:  # a decode failure: the engine has rolled its caches back already
+        except Exception as e:  # a decode failure (or a bug): the engine has rolled its caches back already
+            if not isinstance(e, LlamaspecError):
+                traceback.print_exc(file=sys.stderr)
             error = e
         finally:
             pieces.close()
         stats = self.pair.last_stats
         self.metrics.record_generation(stats)
-        job.emit("error", error) if error is not None else job.emit("done", stats)
+        if error is not None:
+            job.emit("error", error)
+        else:
+            job.emit("done", stats)
 
 
 # ---------------------------------------------------------------------------------------------------------------
