@@ -6,6 +6,13 @@
         print(piece.text, end="", flush=True)
     print(pair.last_stats)
 """
+try:
+    # llama.cpp's shared libraries must load before numpy's: a CUDA build segfaulted in model load when numpy
+    # (and its BLAS) came first, and ran when llama_cpp was imported first.
+    import llama_cpp as _llama_cpp  # noqa: F401
+except ImportError:  # the engine says how to install it when it is used
+    pass
+
 from .errors import (ContextOverflowError, DecodeError, GPUOutOfMemoryError, IncompatiblePairError,
                      InvalidParameterError, LlamaspecError, ModelFileError, ModelLoadError, UnsupportedModelError)
 from .policy import AutoPolicy, ConfidencePolicy, DraftPolicy, FixedPolicy, ThresholdPolicy, make_policy

@@ -35,8 +35,6 @@ FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAM
               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
-_OOM_PATTERN = re.compile(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory|"
-                          r"unable to allocate", re.IGNORECASE)
 
 
 def default_threads() -> int:
@@ -49,20 +47,11 @@ def env_flag(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# llama.cpp's log: kept in a ring buffer (to explain load failures), printed only when verbose
+# llama.cpp's log goes through llama-cpp-python's own callback, which prints errors only unless verbose. (A Python
+# callback that handles every line, and capturing fd 2 during load, both crashed a CUDA build loading a 32B model;
+# this is the configuration llama_cpp.Llama(verbose=False) uses.)
 # ---------------------------------------------------------------------------------------------------------------
-_LOG_LINES: deque[str] = deque(maxlen=200)
 _LOG_STATE = {"verbose": env_flag("LLAMASPEC_VERBOSE")}
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level, text, user_data):  # pragma: no cover - called from C
-    line = text.decode("utf-8", errors="replace") if text else ""
-    _LOG_LINES.append(line)
-    if _LOG_STATE["verbose"]:
-        sys.stderr.write(line)
-
-
 _INIT_LOCK = threading.Lock()
 _INITIALISED = False
 
@@ -70,12 +59,18 @@ _INITIALISED = False
 def init_backend(verbose: bool | None = None) -> None:
     global _INITIALISED
     if verbose is not None:
-        _LOG_STATE["verbose"] = verbose
+        _LOG_STATE["verbose"] = verbose or env_flag("LLAMASPEC_VERBOSE")
+    llama_cpp._logger.set_verbose(_LOG_STATE["verbose"])
     with _INIT_LOCK:
         if not _INITIALISED:
-            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _INITIALISED = True
+
+
+def _load_failure_hint(what: str, options_hint: str) -> str:
+    gpu = supports_gpu_offload()
+    return (f"{what} (llama.cpp printed the reason above)"
+            + (f"; if it ran out of GPU memory, {options_hint}" if gpu else ""))
 
 
 def supports_gpu_offload() -> bool:
@@ -88,10 +83,6 @@ def system_info() -> str:
 
 def library_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
-
-
-def _recent_log() -> str:
-    return "".join(_LOG_LINES)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,17 +140,11 @@ class Model:
         if options.rpc_servers:
             self._add_rpc_devices(params, options.rpc_servers)
 
-        _LOG_LINES.clear()
         ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
         if not ptr:
-            log = _recent_log()
-            if _OOM_PATTERN.search(log):
-                raise GPUOutOfMemoryError(
-                    f"{self.path}: out of GPU memory while loading the weights; offload fewer layers "
-                    f"(-ngl / n_gpu_layers, now {options.n_gpu_layers}) or use a smaller quantization"
-                )
-            last = [ln.strip() for ln in log.splitlines() if ln.strip()][-1:] or ["no details"]
-            raise ModelLoadError(f"{self.path}: llama.cpp could not load this model ({last[0]})")
+            raise ModelLoadError(_load_failure_hint(
+                f"{self.path}: llama.cpp could not load this model",
+                f"offload fewer layers (-ngl / n_gpu_layers, now {options.n_gpu_layers}) or use a smaller quantization"))
         self._ptr = ptr
         self.vocab = llama_cpp.llama_model_get_vocab(ptr)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
@@ -266,16 +251,11 @@ class Context:
         params.type_v = KV_TYPES[options.type_v]
         params.no_perf = True
 
-        _LOG_LINES.clear()
         ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not ptr:
-            log = _recent_log()
-            if _OOM_PATTERN.search(log):
-                raise GPUOutOfMemoryError(
-                    f"{model.path}: out of memory for the KV cache and compute buffers at context {options.n_ctx}; "
-                    "use a smaller context (-c), a quantized KV cache (--cache-type-k q8_0), or fewer GPU layers"
-                )
-            raise ModelLoadError(f"{model.path}: llama.cpp could not create a context (n_ctx={options.n_ctx})")
+            raise ModelLoadError(_load_failure_hint(
+                f"{model.path}: llama.cpp could not create a context of {options.n_ctx} tokens",
+                "use a smaller context (-c), a quantized KV cache (-ctk q8_0 -ctv q8_0), or fewer GPU layers"))
         self._ptr = ptr
         self._mem = llama_cpp.llama_get_memory(ptr)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
@@ -395,6 +375,12 @@ QUANT_FTYPES = {
     "Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
 }
 _QUANT_TENSOR_LINE = re.compile(r"\[\s*(\d+)/\s*(\d+)\]")
+_LOG_LINES: deque[str] = deque(maxlen=200)
+
+
+@llama_cpp.llama_log_callback
+def _quantize_log_callback(level, text, user_data):  # pragma: no cover - called from C
+    _LOG_LINES.append(text.decode("utf-8", errors="replace") if text else "")
 
 
 def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *, n_threads: int | None = None,
@@ -407,7 +393,12 @@ def quantize_model(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, *
     params.nthread = n_threads or default_threads()
     params.allow_requantize = allow_requantize
     _LOG_LINES.clear()
-    rc = llama_cpp.llama_model_quantize(str(src).encode("utf-8"), str(dst).encode("utf-8"), ctypes.byref(params))
+    # the quantizer reports progress only through the log: listen to it for the length of this call
+    llama_cpp.llama_log_set(_quantize_log_callback, ctypes.c_void_p(0))
+    try:
+        rc = llama_cpp.llama_model_quantize(str(src).encode("utf-8"), str(dst).encode("utf-8"), ctypes.byref(params))
+    finally:
+        llama_cpp.llama_log_set(llama_cpp._logger.llama_log_callback, ctypes.c_void_p(0))
     if rc != 0:
         failure = [ln.split("failed to quantize:", 1)[1].strip() for ln in list(_LOG_LINES)
                    if "failed to quantize:" in ln]
