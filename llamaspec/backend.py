@@ -259,7 +259,7 @@ class Context:
         self._ptr = ptr
         self._mem = llama_cpp.llama_get_memory(ptr)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
-        self.n_batch = options.n_batch
+        self.n_batch = int(llama_cpp.llama_n_batch(ptr))  # llama.cpp lowers n_batch to n_ctx
         self.n_vocab = model.n_vocab
 
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -273,6 +273,7 @@ class Context:
             b.seq_id[i][0] = 0
 
         self.tokens: list[int] = []
+        self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
         self.decode_calls = 0
 
@@ -293,6 +294,8 @@ class Context:
                 f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
         if logits == "all" and n > self.n_batch:
             raise DecodeError(f"internal: {n} rows of logits asked for, batch size is {self.n_batch}")
+        if n == 1 and logits != "none":
+            return self._eval_one(int(tokens[0]))
         tokens = np.asarray(tokens, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
@@ -314,20 +317,53 @@ class Context:
             self.decode_seconds += time.perf_counter() - t0
             self.decode_calls += 1
             if rc != 0:
-                # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
-                llama_cpp.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
-                if rc == 1:
-                    raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
-                                               f"(context {self.n_ctx})")
-                if rc == 2:
-                    raise KeyboardInterrupt
-                raise DecodeError(f"llama_decode failed with code {rc}")
-            self.tokens.extend(int(t) for t in chunk)
+                self._decode_failed(rc, m)
+            self.tokens.extend(chunk.tolist())
             start += m
         if logits == "none":
             return None
-        rows = n if logits == "all" else 1
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return self._logits_view(ptr, n if logits == "all" else 1)
+
+    def _eval_one(self, token: int) -> np.ndarray:
+        """The drafting hot path: one token, its logits row. Plain ctypes stores, no numpy set-up."""
+        if not 0 <= token < self.n_vocab:
+            raise DecodeError(f"token id {token} out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+        b = self._batch
+        b.token[0] = token
+        b.pos[0] = len(self.tokens)
+        b.logits[0] = 1
+        b.n_tokens = 1
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ptr, b)
+        if rc == 0:
+            ptr = llama_cpp.llama_get_logits(self._ptr)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            self._decode_failed(rc, 1)
+        self.tokens.append(token)
+        return self._logits_view(ptr, 1)
+
+    def _decode_failed(self, rc: int, m: int):
+        # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        if rc == 1:
+            raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
+                                       f"(context {self.n_ctx})")
+        if rc == 2:
+            raise KeyboardInterrupt
+        raise DecodeError(f"llama_decode failed with code {rc}")
+
+    def _logits_view(self, ptr, rows: int) -> np.ndarray:
+        """A numpy view of llama.cpp's logits buffer, made once per (address, rows): building one costs more
+        than the rest of a one-token eval's Python work."""
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
 
     def truncate(self, n: int) -> bool:
         """Drop positions >= n. False when the memory cannot drop a tail (recurrent models)."""

@@ -90,7 +90,7 @@ class ModelDrafter:
         for i in range(max_len):
             if cfg.greedy:
                 token = int(logits.argmax())
-                confidence = max_prob(logits, self._scratch) if p_min > 0 else 1.0
+                confidence = max_prob(logits, self._scratch, logits[token]) if p_min > 0 else 1.0
             else:
                 q = probs_out[i]
                 if self.n_vocab < len(q):  # the target's vocabulary is padded beyond the draft's

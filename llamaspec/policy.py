@@ -119,9 +119,10 @@ class AutoPolicy(DraftPolicy):
         self.max_probe_interval = max(_check_k("max_probe_interval", max_probe_interval, 1), self.probe_every)
         self._probe_interval = self.probe_every
         self.decay = decay
-        # acceptance at each draft position: decayed (accepted, tried) counts with a weak 0.6 prior
-        self._acc = [0.6] * (self.k_max + 1)
-        self._tried = [1.0] * (self.k_max + 1)
+        # acceptance at each draft position: decayed (accepted, tried) counts with a weak prior of 0.6
+        self._prior_weight = 0.5
+        self._acc = [0.6 * self._prior_weight] * (self.k_max + 1)
+        self._tried = [self._prior_weight] * (self.k_max + 1)
         self._t_draft: float | None = None          # seconds per drafted token
         self._t_verify: dict[int, float] = {}       # batch size -> seconds per target pass
         self._steps = 0
@@ -129,12 +130,22 @@ class AutoPolicy(DraftPolicy):
         self._k = self.k_start
 
     # -- estimates ---------------------------------------------------------------------------------------------
-    def acceptance(self, position: int) -> float:
-        return self._acc[position] / self._tried[position]
+    def acceptance(self, position: int, optimistic: bool = False) -> float:
+        """Acceptance at a draft position given the earlier ones were accepted; a position never tried borrows
+        the estimate of the one before it (acceptance changes slowly along a draft). `optimistic` adds an
+        upper-confidence bonus that shrinks as a position is tried, so rarely reached positions get tried."""
+        while position > 1 and self._tried[position] <= self._prior_weight:
+            position -= 1
+        tried = self._tried[position]
+        estimate = self._acc[position] / tried
+        # position 1 is judged at every draft, so it needs no bonus (and must not keep a useless draft alive)
+        return min(1.0, estimate + 0.3 / tried ** 0.5) if optimistic and position > 1 else estimate
 
-    def verify_time(self, n: int) -> float | None:
+    def verify_time(self, n: int, optimistic: bool = False) -> float | None:
         """t_verify(n): measured when seen; otherwise a line through the measured points (at least the slope
-        implied by one point and a 10% cost per extra token, never cheaper than a smaller measured batch)."""
+        implied by one point and a 10% cost per extra token, never cheaper than a smaller measured batch).
+        Beyond the largest measured batch, `optimistic` halves the slope: verify cost usually flattens (a GPU
+        verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft."""
         seen = self._t_verify
         if not seen:
             return None
@@ -150,23 +161,23 @@ class AutoPolicy(DraftPolicy):
             w = (n - lo) / (hi - lo)
             return seen[lo] * (1 - w) + seen[hi] * w
         a, b = (xs[-2], xs[-1]) if hi is None else (xs[0], xs[1])
-        slope = max((seen[b] - seen[a]) / (b - a), 0.0)
+        slope = max((seen[b] - seen[a]) / (b - a), 0.0) * (0.5 if optimistic and hi is None else 1.0)
         base = seen[a] if hi is not None else seen[b]
         anchor = a if hi is not None else b
         return max(base + slope * (n - anchor), 1e-9)
 
-    def expected_speed(self, k: int) -> float | None:
-        t_verify = self.verify_time(k + 1)
+    def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
+        t_verify = self.verify_time(k + 1, optimistic)
         if t_verify is None or (k > 0 and self._t_draft is None):
             return None
         tokens, run = 1.0, 1.0
         for j in range(1, k + 1):
-            run *= self.acceptance(j)
+            run *= self.acceptance(j, optimistic)
             tokens += run
         return tokens / (k * (self._t_draft or 0.0) + t_verify)
 
     def _best_k(self) -> int:
-        speeds = [(self.expected_speed(k), k) for k in range(self.k_max + 1)]
+        speeds = [(self.expected_speed(k, optimistic=True), k) for k in range(self.k_max + 1)]
         known = [(s, k) for s, k in speeds if s is not None]
         if not known:
             return self.k_start

@@ -93,13 +93,14 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(idx, probs.shape[0] - 1)
 
 
-def max_prob(logits: np.ndarray, scratch: np.ndarray | None = None) -> float:
+def max_prob(logits: np.ndarray, scratch: np.ndarray | None = None, top: float | None = None) -> float:
     """The largest softmax probability of a logits row (temperature 1): 1 / sum(exp(l - max)).
 
     Peaked rows (the usual case for a draft) need only the logits within 20 of the maximum: the rest add at most
     n_vocab * e^-20 (3e-4 for a 150k vocabulary) to a sum that is at least 1. Flat rows take the full exp pass.
     """
-    top = logits.max()
+    if top is None:
+        top = logits.max()
     near = logits[logits > top - 20.0]
     if len(near) < 4096:
         return float(1.0 / np.exp(near - top).sum(dtype=np.float64))

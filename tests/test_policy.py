@@ -114,3 +114,33 @@ def test_make_policy_rejects_unknown_names_and_bad_values():
         make_policy("confidence", p_min=1.5)
     with pytest.raises(InvalidParameterError, match="k"):
         FixedPolicy(-1)
+
+
+# Verify cost v(n) / v(1) of a 32B-shaped Q4_0 target on an H200 (benchmarks/results/h200-cost-curve.json)
+# and its 2-layer draft's cost per token relative to one target token.
+H200_V = [1.0, 1.07, 1.23, 1.42, 1.58, 1.77, 1.89, 2.11, 2.26, 2.31, 2.31, 2.30, 2.33, 2.35, 2.34, 2.33, 2.55]
+H200_C = 0.046
+
+
+def _gpu_speed(k: int, acceptance: float) -> float:
+    tokens = sum(acceptance ** j for j in range(k + 1))
+    return tokens / (k * H200_C + H200_V[k])
+
+
+@pytest.mark.parametrize("acceptance", [1.0, 0.9, 0.7])
+def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
+    import random
+
+    rng = random.Random(1)
+    p = AutoPolicy(k_max=16, p_min=0.0)
+    chosen = []
+    for step in range(400):
+        k = p.next_draft_len()
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        p.update(k, accepted, k * H200_C, H200_V[k])
+        chosen.append(k)
+    best = max(_gpu_speed(k, acceptance) for k in range(1, 17))
+    achieved = sum(_gpu_speed(k, acceptance) for k in chosen[-200:]) / 200
+    assert achieved >= 0.95 * best, (achieved / best, chosen[-20:])

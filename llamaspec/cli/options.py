@@ -211,7 +211,7 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
     return load_pair(
         target, draft,
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"),
-        n_ctx=n_ctx, n_batch=min(opts["n_batch"], n_ctx),  # llama.cpp clamps n_batch to n_ctx n_threads=opts.get("n_threads"),
+        n_ctx=n_ctx, n_batch=opts["n_batch"], n_threads=opts.get("n_threads"),
         draft_n_threads=opts.get("draft_n_threads"), flash_attn=opts["flash_attn"],
         cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"], main_gpu=opts["main_gpu"],
         draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"], tensor_split=tensor_split,
