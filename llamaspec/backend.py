@@ -6,10 +6,12 @@ sequence (seq 0); its `n_past` is the number of tokens in its KV cache, and thos
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -47,9 +49,9 @@ def env_flag(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# llama.cpp's log goes through llama-cpp-python's own callback, which prints errors only unless verbose. (A Python
-# callback that handles every line, and capturing fd 2 during load, both crashed a CUDA build loading a 32B model;
-# this is the configuration llama_cpp.Llama(verbose=False) uses.)
+# llama.cpp's log goes through llama-cpp-python's own callback, which prints errors (and, through its level map,
+# warnings) unless verbose. While a model or context is created, the process's stderr is sent to a temp file, as
+# llama_cpp.Llama(verbose=False) sends it to /dev/null: the terminal stays clean and a failure can be explained.
 # ---------------------------------------------------------------------------------------------------------------
 _LOG_STATE = {"verbose": env_flag("LLAMASPEC_VERBOSE")}
 _INIT_LOCK = threading.Lock()
@@ -67,10 +69,40 @@ def init_backend(verbose: bool | None = None) -> None:
             _INITIALISED = True
 
 
-def _load_failure_hint(what: str, options_hint: str) -> str:
-    gpu = supports_gpu_offload()
-    return (f"{what} (llama.cpp printed the reason above)"
-            + (f"; if it ran out of GPU memory, {options_hint}" if gpu else ""))
+@contextlib.contextmanager
+def _native_log():
+    """Collect what llama.cpp prints while the block runs; yields a list that holds the text afterwards."""
+    text: list[str] = []
+    if _LOG_STATE["verbose"]:
+        yield text
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2 (embedded interpreters): run without capturing
+        yield text
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield text
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text.append(tmp.read()[-20000:].decode("utf-8", errors="replace"))
+
+
+_OOM_PATTERN = re.compile(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory|"
+                          r"unable to allocate", re.IGNORECASE)
+
+
+def _load_error(log: str, what: str, oom_hint: str) -> ModelLoadError:
+    if _OOM_PATTERN.search(log):
+        return GPUOutOfMemoryError(f"{what}: out of memory; {oom_hint}")
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return ModelLoadError(f"{what} ({lines[-1] if lines else 'no details from llama.cpp'})")
 
 
 def supports_gpu_offload() -> bool:
@@ -140,11 +172,12 @@ class Model:
         if options.rpc_servers:
             self._add_rpc_devices(params, options.rpc_servers)
 
-        ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        with _native_log() as log:
+            ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
         if not ptr:
-            raise ModelLoadError(_load_failure_hint(
-                f"{self.path}: llama.cpp could not load this model",
-                f"offload fewer layers (-ngl / n_gpu_layers, now {options.n_gpu_layers}) or use a smaller quantization"))
+            raise _load_error("".join(log), f"{self.path}: llama.cpp could not load this model",
+                              f"offload fewer layers (-ngl / n_gpu_layers, now {options.n_gpu_layers}) "
+                              "or use a smaller quantization")
         self._ptr = ptr
         self.vocab = llama_cpp.llama_model_get_vocab(ptr)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
@@ -251,11 +284,12 @@ class Context:
         params.type_v = KV_TYPES[options.type_v]
         params.no_perf = True
 
-        ptr = llama_cpp.llama_init_from_model(model._ptr, params)
+        with _native_log() as log:
+            ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not ptr:
-            raise ModelLoadError(_load_failure_hint(
-                f"{model.path}: llama.cpp could not create a context of {options.n_ctx} tokens",
-                "use a smaller context (-c), a quantized KV cache (-ctk q8_0 -ctv q8_0), or fewer GPU layers"))
+            raise _load_error("".join(log), f"{model.path}: llama.cpp could not create a context of "
+                              f"{options.n_ctx} tokens", "use a smaller context (-c), a quantized KV cache "
+                              "(-ctk q8_0 -ctv q8_0), or fewer GPU layers")
         self._ptr = ptr
         self._mem = llama_cpp.llama_get_memory(ptr)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
