@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -50,8 +50,8 @@ def env_flag(name: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------------
 # llama.cpp's log goes through llama-cpp-python's own callback, which prints errors (and, through its level map,
-# warnings) unless verbose. While a model or context is created, the process's stderr is sent to a temp file, as
-# llama_cpp.Llama(verbose=False) sends it to /dev/null: the terminal stays clean and a failure can be explained.
+# warnings) to sys.stderr unless verbose. While a model or context is created, sys.stderr is a string buffer, much
+# as llama_cpp.Llama(verbose=False) silences it: the terminal stays clean and a failure can be explained.
 # ---------------------------------------------------------------------------------------------------------------
 _LOG_STATE = {"verbose": env_flag("LLAMASPEC_VERBOSE")}
 _INIT_LOCK = threading.Lock()
@@ -71,27 +71,21 @@ def init_backend(verbose: bool | None = None) -> None:
 
 @contextlib.contextmanager
 def _native_log():
-    """Collect what llama.cpp prints while the block runs; yields a list that holds the text afterwards."""
+    """Collect what llama.cpp logs while the block runs (it reaches Python's sys.stderr through
+    llama-cpp-python's callback); yields a list that holds the text afterwards."""
     text: list[str] = []
     if _LOG_STATE["verbose"]:
         yield text
         return
-    sys.stderr.flush()
+    buf, saved = io.StringIO(), sys.stderr
+    sys.stderr = buf
+    llama_cpp._logger.set_verbose(True)
     try:
-        saved = os.dup(2)
-    except OSError:  # no usable fd 2 (embedded interpreters): run without capturing
         yield text
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield text
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text.append(tmp.read()[-20000:].decode("utf-8", errors="replace"))
+    finally:
+        llama_cpp._logger.set_verbose(False)
+        sys.stderr = saved
+        text.append(buf.getvalue()[-50000:])
 
 
 _OOM_PATTERN = re.compile(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory|"
@@ -174,6 +168,7 @@ class Model:
 
         with _native_log() as log:
             ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        self.load_log = "".join(log)  # llama.cpp's own account of the load (buffer sizes, warnings)
         if not ptr:
             raise _load_error("".join(log), f"{self.path}: llama.cpp could not load this model",
                               f"offload fewer layers (-ngl / n_gpu_layers, now {options.n_gpu_layers}) "
@@ -286,6 +281,7 @@ class Context:
 
         with _native_log() as log:
             ptr = llama_cpp.llama_init_from_model(model._ptr, params)
+        self.load_log = "".join(log)
         if not ptr:
             raise _load_error("".join(log), f"{model.path}: llama.cpp could not create a context of "
                               f"{options.n_ctx} tokens", "use a smaller context (-c), a quantized KV cache "

@@ -389,9 +389,9 @@ def _measured(path, n_ctx, flash_attn):
     from llamaspec import backend
 
     model = backend.Model(path, backend.ModelOptions(no_repack=True))
-    weights = _allocations("".join(backend._LOG_LINES))["weights"]
+    weights = _allocations(model.load_log)["weights"]
     ctx = backend.Context(model, backend.ContextOptions(n_ctx=n_ctx, flash_attn=flash_attn, n_threads=1))
-    found = _allocations("".join(backend._LOG_LINES))
+    found = _allocations(ctx.load_log)
     ctx.close()
     model.close()
     return {**found, "weights": weights}
