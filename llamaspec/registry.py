@@ -361,9 +361,11 @@ def fetch(ref: ModelRef) -> Path:
     """The local file of a model, downloading it into the Hugging Face cache when it is not there."""
     if ref.is_local:
         return _existing_local(ref)
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
 
     cache, offline = hf_cache_dir(), hub_offline()
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import: follow the environment as it is now
+    constants.HF_HUB_OFFLINE = offline
     with _hub_errors(ref):
         if not offline and cached_path(ref) is None:
             _check_disk_space(ref, cache)
