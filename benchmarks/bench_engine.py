@@ -132,12 +132,13 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto")
     ap.add_argument("--temps", default="0,0.8")
     ap.add_argument("--prompts", default="code,prose")
+    ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name]]
+    prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     temps = [float(t) for t in a.temps.split(",")]
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
@@ -163,7 +164,7 @@ def main() -> None:
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
                                    a.no_repack, a.llama_extra.split()) for p in prompts]
-            llama = Row(f"llama-speculative-simple k={k}", temperature,
+            llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
                         drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))
             rows.append(llama)
