@@ -5,6 +5,8 @@ Three metric kinds (counter, gauge, histogram), each with optional labels, safe 
 """
 from __future__ import annotations
 
+import abc
+
 import math
 import threading
 from typing import Callable, Iterable
@@ -35,7 +37,7 @@ def _number(x: float) -> str:
     return repr(int(x)) if float(x).is_integer() and abs(x) < 2**53 else repr(float(x))
 
 
-class _Metric:
+class _Metric(abc.ABC):
     kind = ""
 
     def __init__(self, name: str, help_text: str, labels: Iterable[str] = ()):
@@ -51,8 +53,9 @@ class _Metric:
     def render(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"] + self._samples()
 
+    @abc.abstractmethod
     def _samples(self) -> list[str]:
-        raise NotImplementedError
+        """The metric's sample lines in Prometheus text format."""
 
 
 class Counter(_Metric):

@@ -6,6 +6,7 @@ probability falls below it (llama.cpp's --draft-p-min). Policies know nothing ab
 """
 from __future__ import annotations
 
+import abc
 from collections import deque
 
 from .errors import InvalidParameterError
@@ -13,13 +14,16 @@ from .errors import InvalidParameterError
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
 
 
-class DraftPolicy:
+class DraftPolicy(abc.ABC):
+    """What every policy answers and learns from; subclass it for your own."""
+
     name = "base"
     p_min = 0.0
     k_max = 0
 
+    @abc.abstractmethod
     def next_draft_len(self) -> int:
-        raise NotImplementedError
+        """How many tokens to draft next (0 = plain decoding)."""
 
     def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """One speculative step is done: `drafted` proposed, `accepted` kept, and what each phase cost."""
