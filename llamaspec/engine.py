@@ -153,8 +153,7 @@ class Pair:
         emitted), or a full context ("context"). Statistics land in `last_stats` when the generator ends,
         also when the consumer stops early ("cancelled").
         """
-        cfg = SamplerConfig(float(temperature) if isinstance(temperature, int) and not isinstance(temperature, bool)
-                            else temperature, top_k, top_p, min_p, seed)
+        cfg = SamplerConfig(temperature, top_k, top_p, min_p, seed)
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
