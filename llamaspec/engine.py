@@ -99,7 +99,8 @@ class Pair:
             self.policy = FixedPolicy(0)
         self._history: list[int] = []
         self.last_stats: GenerationStats | None = None
-        self._probs = None  # (k_max, n_vocab) draft distributions, sampling mode only; allocated once
+        self._probs = None         # (k_max, n_vocab) draft distributions, sampling mode only; allocated once
+        self._target_probs = None  # (k_max + 1, n_vocab) target distributions, likewise
 
     # -- properties --------------------------------------------------------------------------------------------
     @property
@@ -276,11 +277,13 @@ class Pair:
         if cfg.greedy:
             n_accepted, next_token = accept_greedy(draft_arr, logits.argmax(axis=1))
         else:
+            if self._target_probs is None or self._target_probs.shape[0] < len(batch):
+                self._target_probs = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab), np.float32)
             rows: dict[int, np.ndarray] = {}
 
             def target_probs(i: int) -> np.ndarray:
-                if i not in rows:
-                    rows[i] = filtered_probs(logits[i], cfg)
+                if i not in rows:  # rows past the first rejection are never computed
+                    rows[i] = filtered_probs(logits[i], cfg, out=self._target_probs[i])
                 return rows[i]
 
             n_accepted, next_token = accept_rejection(draft_arr, self._probs if drafted else None,

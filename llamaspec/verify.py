@@ -32,7 +32,8 @@ def accept_rejection(
 ) -> tuple[int, int]:
     """Leviathan/Chen speculative sampling: the output has exactly the target's distribution.
 
-    draft_tokens: (k,), each drawn from the matching row of draft_probs (k, V).
+    draft_tokens: (k,), each drawn from the matching row of draft_probs (k, V); the row of a rejected token is
+    overwritten with the residual (no vocabulary-sized allocation per step).
     target_probs(i): the target's filtered distribution at row i (computed lazily: rows past the first
     rejection are never needed). Returns (n_accepted, next_token).
     """
@@ -45,7 +46,7 @@ def accept_rejection(
         if rng.random() * q[x] < p[x]:
             continue
         # rejected: draw from the residual normalize(max(0, p - q))
-        residual = np.subtract(p, q, dtype=np.float32)
+        residual = np.subtract(p, q, out=q)  # q's row is not needed again: reuse it
         np.maximum(residual, 0.0, out=residual)
         if residual.sum(dtype=np.float64) <= 0.0:  # p == q up to rounding: the residual is p itself
             residual = p

@@ -76,7 +76,7 @@ def _rejection_output_distribution(p, q, n=40000, seed=1):
     out = np.zeros(len(p))
     for _ in range(n):
         x = sample_from(q, rng)
-        n_acc, nxt = accept_rejection(np.array([x]), q[None, :], lambda i: p, rng)
+        n_acc, nxt = accept_rejection(np.array([x]), q[None, :].copy(), lambda i: p, rng)  # rows are scratch
         out[x if n_acc == 1 else nxt] += 1
     return out / n
 
