@@ -37,6 +37,8 @@ FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAM
               "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
+if hasattr(llama_cpp, "LLAMA_SPLIT_MODE_TENSOR"):  # tensor parallelism across GPUs, in newer llama.cpp
+    SPLIT_MODES["tensor"] = llama_cpp.LLAMA_SPLIT_MODE_TENSOR
 
 
 def default_threads() -> int:
@@ -112,6 +114,169 @@ def library_version() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Devices: llama.cpp's backend registry (ggml), reached through ctypes on the libggml that llama-cpp-python loaded.
+# It lists the GPUs, registers llama.cpp RPC servers as devices, and places a model on named devices.
+# ---------------------------------------------------------------------------------------------------------------
+_DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+_RPC_HELLO = 14                 # RPC_CMD_HELLO, fixed across llama.cpp's RPC protocol versions
+_RPC_CAPS_SIZE = 24             # rpc_msg_hello_req: uint8_t conn_caps[24] (protocol 7)
+_RPC_LOCK = threading.Lock()
+_RPC_ADDED: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str            # llama.cpp's device name: "CUDA0", "RPC0", "CPU"
+    description: str     # "NVIDIA GeForce RTX 3090", "127.0.0.1:50052"
+    kind: str            # cpu | gpu | igpu | accel | meta
+    backend: str         # the registry it came from: "CUDA", "RPC", "CPU", ...
+    free: int            # bytes
+    total: int
+
+
+class _Ggml:
+    """ctypes bindings for the handful of ggml backend-registry functions llamaspec needs."""
+
+    def __init__(self):
+        lib_dir = Path(llama_cpp.llama_cpp._base_path)
+        names = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml.dylib")) + \
+            sorted(lib_dir.glob("ggml.dll"))
+        if not names:
+            raise ModelLoadError(f"cannot find llama.cpp's ggml library next to libllama in {lib_dir}")
+        lib = ctypes.CDLL(str(names[0]))
+        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+
+        def fn(name, restype, *argtypes):
+            f = getattr(lib, name)
+            f.restype, f.argtypes = restype, list(argtypes)
+            return f
+
+        self.dev_count = fn("ggml_backend_dev_count", sz)
+        self.dev_get = fn("ggml_backend_dev_get", vp, sz)
+        self.dev_by_name = fn("ggml_backend_dev_by_name", vp, cp)
+        self.dev_name = fn("ggml_backend_dev_name", cp, vp)
+        self.dev_description = fn("ggml_backend_dev_description", cp, vp)
+        self.dev_type = fn("ggml_backend_dev_type", ctypes.c_int, vp)
+        self.dev_memory = fn("ggml_backend_dev_memory", None, vp, ctypes.POINTER(sz), ctypes.POINTER(sz))
+        self.dev_backend_reg = fn("ggml_backend_dev_backend_reg", vp, vp)
+        self.reg_name = fn("ggml_backend_reg_name", cp, vp)
+        self.reg_by_name = fn("ggml_backend_reg_by_name", vp, cp)
+        self.reg_get_proc_address = fn("ggml_backend_reg_get_proc_address", vp, vp, cp)
+        self.register = fn("ggml_backend_register", None, vp)
+
+    def device(self, ptr) -> Device:
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        self.dev_memory(ptr, ctypes.byref(free), ctypes.byref(total))
+        kind = self.dev_type(ptr)
+        return Device(name=self.dev_name(ptr).decode(), description=(self.dev_description(ptr) or b"").decode(),
+                      kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
+                      backend=(self.reg_name(self.dev_backend_reg(ptr)) or b"").decode(),
+                      free=free.value, total=total.value)
+
+
+_GGML: list[_Ggml] = []
+
+
+def _ggml() -> _Ggml:
+    init_backend()
+    if not _GGML:
+        _GGML.append(_Ggml())
+    return _GGML[0]
+
+
+def devices() -> list[Device]:
+    """Every device llama.cpp can place weights on, in registry order (RPC servers once added)."""
+    g = _ggml()
+    return [g.device(g.dev_get(i)) for i in range(g.dev_count())]
+
+
+def supports_rpc() -> bool:
+    return bool(llama_cpp.llama_supports_rpc()) if hasattr(llama_cpp, "llama_supports_rpc") else False
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ModelLoadError(f"RPC server {endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
+    """Connect to a llama.cpp rpc-server and run its HELLO handshake; returns the server's protocol version.
+
+    llama.cpp aborts the whole process when a server is unreachable or speaks another protocol, so every
+    server is asked here first and a failure becomes one ModelLoadError."""
+    import socket
+    import struct
+
+    host, port = _parse_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack("<BQ", _RPC_HELLO, _RPC_CAPS_SIZE) + bytes(_RPC_CAPS_SIZE))
+            head = _recv_exact(sock, 8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            body = _recv_exact(sock, size) if 3 <= size <= 4096 else b""
+    except OSError as exc:
+        raise ModelLoadError(f"cannot reach the RPC server at {endpoint} ({exc.strerror or exc}); "
+                             f"start it there with: rpc-server --host {host} --port {port}") from None
+    if len(body) < 3:
+        raise ModelLoadError(f"the RPC server at {endpoint} did not answer llama.cpp's RPC handshake: it is not an "
+                             "rpc-server, or one built from a different llama.cpp version than this llama-cpp-python")
+    major, minor, patch = body[0], body[1], body[2]
+    return major, minor, patch
+
+
+def _recv_exact(sock, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def add_rpc_servers(servers: str | Sequence[str]) -> list[Device]:
+    """Register llama.cpp RPC servers ("host:port,host:port") as devices; a model loaded afterwards with the
+    default device list spreads over them (llama.cpp puts RPC devices first). Returns the servers' devices."""
+    endpoints = [s.strip() for s in (servers.split(",") if isinstance(servers, str) else servers) if s.strip()]
+    if not endpoints:
+        raise ModelLoadError("no RPC servers given (expected host:port[,host:port...])")
+    g = _ggml()
+    reg = g.reg_by_name(b"RPC")
+    add = g.reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    if not add:
+        raise ModelLoadError("this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with "
+                             "CMAKE_ARGS=\"-DGGML_RPC=on\" pip install --force-reinstall --no-cache-dir "
+                             "llama-cpp-python")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)
+    with _RPC_LOCK:
+        for endpoint in endpoints:
+            if endpoint in _RPC_ADDED:
+                continue
+            rpc_hello(endpoint)
+            server_reg = add_server(endpoint.encode())
+            if not server_reg:
+                raise ModelLoadError(f"the RPC server at {endpoint} offers no devices")
+            g.register(server_reg)
+            _RPC_ADDED.add(endpoint)
+    return [d for d in devices() if d.backend == "RPC" and d.description in endpoints]
+
+
+def _device_list(names: Sequence[str]):
+    """A NULL-terminated ggml_backend_dev_t array for llama_model_params.devices."""
+    g = _ggml()
+    ptrs = []
+    for name in names:
+        ptr = g.dev_by_name(name.encode())
+        if not ptr:
+            known = ", ".join(d.name for d in devices()) or "none"
+            raise ModelLoadError(f"no device named {name!r} (devices: {known})")
+        ptrs.append(ptr)
+    return (ctypes.c_void_p * (len(ptrs) + 1))(*ptrs, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Options
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -123,6 +288,7 @@ class ModelOptions:
     use_mmap: bool = True
     no_repack: bool = False          # True turns off llama.cpp's extra CPU buffer types (weight repacking)
     rpc_servers: str | None = None   # "host:port,host:port" for llama.cpp's RPC backend (build with -DGGML_RPC=on)
+    devices: tuple[str, ...] | None = None  # offload only to these devices ("CUDA1", "RPC0"); () = none; None = all
 
 
 @dataclass(frozen=True)
@@ -164,7 +330,10 @@ class Model:
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
         params.use_extra_bufts = not options.no_repack
         if options.rpc_servers:
-            self._add_rpc_devices(params, options.rpc_servers)
+            add_rpc_servers(options.rpc_servers)
+        if options.devices is not None:
+            self._devices = _device_list(options.devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
 
         with _native_log() as log:
             ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
@@ -188,19 +357,6 @@ class Model:
             # attribute lookups are cheap C calls; done once per model so is_eog is a table lookup afterwards
             if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
                 self._eog[tok] = True
-
-    def _add_rpc_devices(self, params, servers: str) -> None:
-        add = getattr(llama_cpp, "ggml_backend_rpc_add_server", None) or getattr(llama_cpp, "ggml_backend_rpc_add_device", None)
-        if add is None:
-            raise ModelLoadError("this llama-cpp-python build has no RPC backend; reinstall with "
-                                 "CMAKE_ARGS=\"-DGGML_RPC=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python")
-        # Older bindings take the servers through llama_model_params.rpc_servers.
-        if hasattr(params, "rpc_servers"):
-            self._rpc = servers.encode()
-            params.rpc_servers = self._rpc
-        else:  # pragma: no cover - depends on the build
-            for server in servers.split(","):
-                add(server.strip().encode())
 
     @property
     def eog_ids(self) -> np.ndarray:
@@ -261,6 +417,7 @@ class Context:
         self.model = model
         self.options = options
         self._ptr = None
+        self._argmax_sampler = None  # a greedy sampler chain attached to seq 0 (set_device_argmax)
         for name, value in (("KV cache type K", options.type_k), ("KV cache type V", options.type_v)):
             if value not in KV_TYPES:
                 raise ModelLoadError(f"{name} must be one of {', '.join(KV_TYPES)}, got {value!r}")
@@ -278,6 +435,8 @@ class Context:
         params.type_k = KV_TYPES[options.type_k]
         params.type_v = KV_TYPES[options.type_v]
         params.no_perf = True
+        if hasattr(params, "n_outputs_max_per_seq"):
+            params.n_outputs_max_per_seq = 0  # = n_batch: device argmax of every verified row (set_device_argmax)
 
         with _native_log() as log:
             ptr = llama_cpp.llama_init_from_model(model._ptr, params)
@@ -316,6 +475,65 @@ class Context:
 
         Returns a (rows, n_vocab) float32 view (rows = 1 for 'last', len(tokens) for 'all'), or None.
         """
+        if logits != "none" and self._argmax_sampler is not None:
+            self.set_device_argmax(False)  # logits wanted: llama.cpp must copy them out again
+        if len(tokens) == 1 and logits != "none":
+            return self._eval_one(int(tokens[0]))
+        ptr = self._decode(tokens, logits)
+        if logits == "none":
+            return None
+        return self._logits_view(ptr, len(tokens) if logits == "all" else 1)
+
+    def eval_argmax(self, tokens: Sequence[int], rows: str = "last") -> list[int]:
+        """Decode `tokens` and return the argmax token of the last row ('last') or of every row ('all'): greedy
+        decoding's only need. With `set_device_argmax(True)` llama.cpp takes the argmax on the device and no
+        logits are copied; otherwise numpy takes it from the logits."""
+        if self._argmax_sampler is None:
+            if len(tokens) == 1:
+                return [int(self._eval_one(int(tokens[0]))[0].argmax())]
+            return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
+                .argmax(axis=1).tolist()
+        self._decode(tokens, rows)
+        get = llama_cpp.llama_get_sampled_token_ith
+        if rows == "all":
+            out = [get(self._ptr, i) for i in range(len(tokens))]
+        else:
+            out = [get(self._ptr, -1)]
+        if min(out) < 0:
+            raise DecodeError("llama.cpp returned no argmax token for an output row")
+        return out
+
+    def set_device_argmax(self, on: bool) -> bool:
+        """Attach (or detach) a greedy sampler to the sequence so llama.cpp takes each output row's argmax on the
+        device (its backend sampling). Returns whether it is attached: builds or devices that cannot run it keep
+        the logits path. Any eval that asks for logits detaches it."""
+        if on == (self._argmax_sampler is not None):
+            return on
+        if on:
+            if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
+                return False
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            with _native_log():
+                ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
+            if not ok:
+                llama_cpp.llama_set_sampler(self._ptr, 0, None)
+                llama_cpp.llama_sampler_free(chain)
+                return False
+            self._argmax_sampler = chain
+            return True
+        llama_cpp.llama_set_sampler(self._ptr, 0, None)
+        llama_cpp.llama_sampler_free(self._argmax_sampler)
+        self._argmax_sampler = None
+        return False
+
+    @property
+    def device_argmax(self) -> bool:
+        return self._argmax_sampler is not None
+
+    def _decode(self, tokens: Sequence[int], logits: str):
+        """Decode in chunks of n_batch; outputs: every row ('all'), the last row ('last') or none. Returns
+        llama.cpp's logits pointer after the last chunk when outputs were asked for (synchronised)."""
         n = len(tokens)
         if n == 0:
             raise DecodeError("internal: eval of an empty batch")
@@ -324,11 +542,10 @@ class Context:
                 f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
         if logits == "all" and n > self.n_batch:
             raise DecodeError(f"internal: {n} rows of logits asked for, batch size is {self.n_batch}")
-        if n == 1 and logits != "none":
-            return self._eval_one(int(tokens[0]))
         tokens = np.asarray(tokens, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+        ptr = None
         start = 0
         while start < n:
             chunk = tokens[start:start + self.n_batch]
@@ -343,16 +560,17 @@ class Context:
             t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ptr, self._batch)
             if rc == 0 and last_chunk and logits != "none":
-                ptr = llama_cpp.llama_get_logits(self._ptr)  # synchronises with the device
+                if self._argmax_sampler is None:
+                    ptr = llama_cpp.llama_get_logits(self._ptr)  # synchronises with the device
+                else:
+                    llama_cpp.llama_synchronize(self._ptr)
             self.decode_seconds += time.perf_counter() - t0
             self.decode_calls += 1
             if rc != 0:
                 self._decode_failed(rc, m)
             self.tokens.extend(chunk.tolist())
             start += m
-        if logits == "none":
-            return None
-        return self._logits_view(ptr, n if logits == "all" else 1)
+        return ptr
 
     def _eval_one(self, token: int) -> np.ndarray:
         """The drafting hot path: one token, its logits row. Plain ctypes stores, no numpy set-up."""
@@ -414,6 +632,8 @@ class Context:
 
     def close(self) -> None:
         if self._ptr is not None:
+            if self._argmax_sampler is not None:
+                self.set_device_argmax(False)
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None

@@ -82,6 +82,8 @@ class ModelDrafter:
               rng: np.random.Generator, probs_out: np.ndarray | None) -> list[int]:
         t0 = time.perf_counter()
         missing = self._align(history, max_len + 1)
+        if cfg.greedy and p_min <= 0 and self.ctx.device_argmax:
+            return self._draft_argmax(missing, last, max_len, t0)
         # catch up on what the target accepted since the last draft, and decode `last`, in one batch
         logits = self.ctx.eval(missing + [last], logits="last")[0]
         self.catchup_seconds = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
@@ -98,13 +100,24 @@ class ModelDrafter:
                 filtered_probs(logits, cfg, out=q[:self.n_vocab])
                 token = sample_from(q, rng)
                 confidence = float(q.max()) if p_min > 0 else 1.0
-            if confidence < p_min:
-                break  # the draft is unsure: stop before this token (llama.cpp's p_min rule)
+            if confidence < p_min or token >= self.n_vocab_target:
+                break  # the draft is unsure (llama.cpp's p_min rule), or proposes a token the target lacks
             drafted.append(token)
-            if i + 1 == max_len or token >= self.n_vocab_target:
+            if i + 1 == max_len:
                 break
             logits = self.ctx.eval([token], logits="last")[0]
         return drafted
+
+    def _draft_argmax(self, missing: list[int], last: int, max_len: int, t0: float) -> list[int]:
+        """Greedy drafting without a confidence stop: llama.cpp takes each argmax on the device, no logits move."""
+        token = self.ctx.eval_argmax(missing + [last])[0]
+        self.catchup_seconds = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
+        self._known_equal = len(self.ctx.tokens)
+        drafted = [token]
+        while len(drafted) < max_len and token < self.n_vocab_target:
+            token = self.ctx.eval_argmax([token])[0]
+            drafted.append(token)
+        return drafted if drafted[-1] < self.n_vocab_target else drafted[:-1]
 
 
 class PromptLookupDrafter:

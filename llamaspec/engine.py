@@ -183,6 +183,7 @@ class Pair:
         stops_hit = False
         try:
             # 1. prefill: reuse what the caches already hold, decode the rest of the prompt but its last token
+            self._use_device_argmax(cfg)
             stats.prompt_tokens_cached = self._prefill(prompt[:-1])
             self._last = prompt[-1]
             stats.time_prefill = time.perf_counter() - t_start
@@ -231,6 +232,13 @@ class Pair:
             stats.time_total = time.perf_counter() - t_start
             stats.time_in_decode = self._decode_seconds() - decode_before
 
+    def _use_device_argmax(self, cfg: SamplerConfig) -> None:
+        """Greedy decoding needs only argmaxes: let llama.cpp take them on the device, so no logits are copied
+        out (the draft too, unless its confidence stop needs its probabilities). Sampling detaches it."""
+        self.target_ctx.set_device_argmax(cfg.greedy)
+        if self.draft_ctx is not None:
+            self.draft_ctx.set_device_argmax(cfg.greedy and self.policy.p_min <= 0)
+
     def _decode_seconds(self) -> float:
         return self.target_ctx.decode_seconds + (self.draft_ctx.decode_seconds if self.draft_ctx else 0.0)
 
@@ -270,12 +278,15 @@ class Pair:
 
         # 2. verify: one target pass over [last, d_1..d_k], logits for every row
         batch = [last] + drafted
-        logits = self.target_ctx.eval(batch, logits="all")
+        if cfg.greedy:  # the argmax of every row (taken on the device when it can be)
+            target_argmax = self.target_ctx.eval_argmax(batch, rows="all")
+        else:
+            logits = self.target_ctx.eval(batch, logits="all")
 
         # 3. accept
         draft_arr = np.asarray(drafted, dtype=np.int64)
         if cfg.greedy:
-            n_accepted, next_token = accept_greedy(draft_arr, logits.argmax(axis=1))
+            n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
         else:
             if self._target_probs is None or self._target_probs.shape[0] < len(batch):
                 self._target_probs = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab), np.float32)
@@ -338,6 +349,8 @@ def load_pair(
     split_mode: str = "layer",
     tensor_split: Sequence[float] | None = None,
     rpc_servers: str | None = None,
+    devices: Sequence[str] | None = None,
+    draft_device: str | None = None,
     use_mmap: bool = True,
     no_repack: bool | None = None,
     policy: str | DraftPolicy = "auto",
@@ -348,7 +361,12 @@ def load_pair(
     verbose: bool = False,
 ) -> Pair:
     """Load a target and (optionally) a draft GGUF; the pair is checked from the file headers before any weights
-    load. `no_repack=True` (or LLAMASPEC_NO_REPACK=1) turns off llama.cpp's CPU weight repacking."""
+    load. `no_repack=True` (or LLAMASPEC_NO_REPACK=1) turns off llama.cpp's CPU weight repacking.
+
+    Placement is llama.cpp's own: `split_mode`/`tensor_split`/`main_gpu` spread the target over local GPUs,
+    `rpc_servers` adds llama.cpp rpc-servers as devices for the target, `devices` names the target's devices
+    ("CUDA0,CUDA1"), and `draft_device` puts the whole draft on one device. With RPC servers and no draft device,
+    the draft stays on the local GPUs: a draft token must not wait on the network."""
     from .backend import init_backend
 
     init_backend(verbose)
@@ -377,7 +395,8 @@ def load_pair(
                               flash_attn=flash_attn, type_k=cache_type_k, type_v=cache_type_v)
     target_model = Model(target, ModelOptions(n_gpu_layers=n_gpu_layers, main_gpu=main_gpu, split_mode=split_mode,
                                               tensor_split=tuple(tensor_split) if tensor_split else None,
-                                              use_mmap=use_mmap, no_repack=no_repack, rpc_servers=rpc_servers),
+                                              use_mmap=use_mmap, no_repack=no_repack, rpc_servers=rpc_servers,
+                                              devices=tuple(devices) if devices is not None else None),
                          info=target_info)
     target_ctx = Context(target_model, ctx_opts)
     draft_model = draft_ctx = None
@@ -386,10 +405,18 @@ def load_pair(
             raise UnsupportedModelError(
                 f"{target}: recurrent/hybrid models cannot drop rejected draft tokens from their state; "
                 "speculative decoding is not supported with this target (run it without a draft)")
+        draft_devices: tuple[str, ...] | None = None
+        if draft_device is not None:
+            draft_devices = (draft_device,)
+        elif rpc_servers:
+            from .backend import devices as all_devices
+
+            draft_devices = tuple(d.name for d in all_devices() if d.kind == "gpu" and d.backend != "RPC")
         draft_model = Model(draft, ModelOptions(
             n_gpu_layers=n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers,
-            main_gpu=main_gpu if draft_main_gpu is None else draft_main_gpu, split_mode="none"
-            if draft_main_gpu is not None else split_mode, use_mmap=use_mmap, no_repack=no_repack), info=draft_info)
+            main_gpu=main_gpu if draft_main_gpu is None else draft_main_gpu,
+            split_mode="none" if draft_main_gpu is not None or draft_device is not None else split_mode,
+            use_mmap=use_mmap, no_repack=no_repack, devices=draft_devices), info=draft_info)
         if draft_model.is_recurrent or draft_model.is_hybrid:
             raise UnsupportedModelError(f"{draft}: recurrent/hybrid draft models are not supported")
         draft_ctx = Context(draft_model, ContextOptions(

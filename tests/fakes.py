@@ -51,6 +51,8 @@ class FakeContext:
         self.evals: list[int] = []        # batch sizes
         self.decode_seconds = 0.0
         self._out = None
+        self.device_argmax_ok = True      # what set_device_argmax(True) achieves (a build without it: False)
+        self.device_argmax = False
 
     @property
     def n_past(self):
@@ -72,6 +74,13 @@ class FakeContext:
             return None
         self._out = np.stack(rows)
         return self._out
+
+    def eval_argmax(self, tokens, rows="last"):
+        return self.eval(tokens, logits=rows).argmax(axis=1).tolist()
+
+    def set_device_argmax(self, on):
+        self.device_argmax = bool(on) and self.device_argmax_ok
+        return self.device_argmax
 
     def truncate(self, n):
         del self.tokens[n:]

@@ -42,6 +42,16 @@ def check_gpus(offload: bool | None) -> None:
         click.echo(f"  {lead}; reinstall llama-cpp-python with CUDA:\n    {sysinfo.CUDA_REINSTALL}")
 
 
+def check_devices(ok: bool) -> None:
+    """llama.cpp's own device list: the names --device / --device-draft take, and whether RPC is built in."""
+    if not ok:
+        return
+    from ..backend import devices, supports_rpc
+
+    names = [f"{d.name} ({d.description}, {d.total / 2**30:.1f} GiB)" if d.total else d.name for d in devices()]
+    click.echo(f"llama.cpp devices: {', '.join(names) or 'none'}; RPC backend: {'yes' if supports_rpc() else 'no'}")
+
+
 def check_wsl(model_paths: tuple[str, ...]) -> int:
     """Prints the WSL2 lines; returns how many problems were found."""
     wsl = sysinfo.is_wsl()
@@ -85,6 +95,7 @@ def doctor(models, drafts):
     click.echo(f"llamaspec {__version__}, Python {platform.python_version()}, {platform.platform()}")
     ok, offload = check_llama_cpp()
     check_gpus(offload)
+    check_devices(ok)
     ram = sysinfo.total_ram_bytes()
     if ram:
         click.echo(f"RAM: {ram / 2**30:.1f} GiB")

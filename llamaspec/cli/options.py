@@ -13,6 +13,7 @@ from ..errors import LlamaspecError
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 DEFAULT_N_CTX = 4096
+SPLIT_MODE_NAMES = ("none", "layer", "row", "tensor")  # "tensor" needs a llama.cpp with tensor parallelism
 
 
 def fail(message: str, code: int = EXIT_ERROR):
@@ -100,11 +101,16 @@ def pair_options(func):
         click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=click.IntRange(min=0), default=None,
                      help="Put the draft on this GPU."),
-        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(["none", "layer", "row"]),
-                     default="layer", show_default=True),
+        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(list(SPLIT_MODE_NAMES)),
+                     default="layer", show_default=True, help="How the target spreads over GPUs."),
         click.option("-ts", "--tensor-split", "tensor_split", default=None,
                      help="Fractions of the target per GPU, e.g. 3,1."),
-        click.option("--rpc", "rpc_servers", default=None, help="llama.cpp RPC servers host:port,... (RPC build)."),
+        click.option("--rpc", "rpc_servers", default=None,
+                     help="llama.cpp rpc-servers host:port,... for the target (RPC build of llama-cpp-python)."),
+        click.option("-dev", "--device", "devices", default=None,
+                     help="The target's devices, e.g. CUDA0,CUDA1 or none (see `llamaspec doctor`)."),
+        click.option("-devd", "--device-draft", "draft_device", default=None,
+                     help="Put the whole draft on this device, e.g. CUDA1."),
         click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
         click.option("--policy", type=click.Choice(["auto", "fixed", "confidence", "threshold"]), default="auto",
                      show_default=True, help="Draft-length policy."),
@@ -193,6 +199,15 @@ def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_
                  "Copy it into the Linux file system (e.g. ~/models)")
 
 
+def parse_devices(value: str | None) -> tuple[str, ...] | None:
+    """--device CUDA0,CUDA1 -> ("CUDA0", "CUDA1"); "none" -> () (CPU only); unset -> None (all devices)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return ()
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
 def load_pair_from_options(opts: dict, use_default_pair: bool = False):
     """Load the pair the options describe (warns and continues on CPU when GPU layers were asked for but the
     installed llama.cpp cannot offload)."""
@@ -216,6 +231,7 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"], main_gpu=opts["main_gpu"],
         draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"], tensor_split=tensor_split,
         rpc_servers=opts.get("rpc_servers"), no_repack=True if opts.get("no_repack") else None,
+        devices=parse_devices(opts.get("devices")), draft_device=opts.get("draft_device"),
         policy=opts["policy"], draft_max=opts["draft_max"] if opts.get("draft_max") is not None else defaults.get("draft_max"),
         draft_min=opts.get("draft_min"), draft_p_min=opts.get("draft_p_min"),
         drafter=opts.get("drafter") or "model", verbose=opts.get("verbose", False),
