@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("-ngl", type=int, default=-1)
     ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and llama.cpp's runs")
-    ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto")
+    ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
+                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
     ap.add_argument("--temps", default="0,0.8")
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
@@ -156,9 +157,11 @@ def main() -> None:
         rows = []
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
         for mode, k in runs:
-            policy = make_policy("fixed", k=0) if mode == "plain" else make_policy(mode, k=k)
+            name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
+            p_min = float(p_min) if p_min else None
+            policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
-            label = f"fixed k={k}" if mode == "fixed" else mode
+            label = f"fixed k={k}" if name == "fixed" else mode
             rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:

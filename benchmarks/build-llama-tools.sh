@@ -11,10 +11,16 @@ mkdir -p "$OUT"
 if [ -x "$OUT/bin/llama-speculative-simple" ] && [ -x "$OUT/bin/rpc-server" ] && [ "$(cat "$OUT/VERSION" 2>/dev/null)" = "$VER" ]; then
   echo "$OUT/bin"; exit 0
 fi
-TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-python -m pip download -q --no-deps --no-binary :all: -d "$TMP" "llama-cpp-python==$VER" >&2
-tar xzf "$TMP"/llama_cpp_python-"$VER".tar.gz -C "$TMP"
-SRC="$TMP/llama_cpp_python-$VER/vendor/llama.cpp"
+# the source stays beside the build, so an interrupted build resumes where it stopped
+SRC="$OUT/src/llama_cpp_python-$VER/vendor/llama.cpp"
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  rm -rf "$OUT/src" "$OUT/build"; mkdir -p "$OUT/src"
+  python -m pip download -q --no-deps --no-binary :all: -d "$OUT/src" "llama-cpp-python==$VER" >&2
+  tar xzf "$OUT/src/llama_cpp_python-$VER.tar.gz" -C "$OUT/src"
+fi
+if [ -f "$OUT/build/CMakeCache.txt" ] && ! grep -q "CMAKE_HOME_DIRECTORY:INTERNAL=$SRC\$" "$OUT/build/CMakeCache.txt"; then
+  rm -rf "$OUT/build"  # configured from another source folder
+fi
 cmake -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
   -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON ${CMAKE_EXTRA:-} >&2
 cmake --build "$OUT/build" -j"$(nproc)" --target llama-speculative-simple llama-bench ggml-rpc-server >&2

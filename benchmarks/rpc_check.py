@@ -17,7 +17,7 @@ import sys
 import time
 
 from llamaspec import load_pair
-from llamaspec.backend import devices
+from llamaspec.backend import add_rpc_servers, devices
 
 
 def free_port() -> int:
@@ -64,8 +64,11 @@ def main() -> None:
         results = {}
         for where in ("local", "rpc"):
             rpc = f"127.0.0.1:{port}" if where == "rpc" else None
+            # name the server's devices: llama.cpp skips an RPC device that reports the same GPU as a local one,
+            # which is what a server on this machine does
+            names = tuple(d.name for d in add_rpc_servers(rpc)) if rpc else None
             t0 = time.perf_counter()
-            pair = load_pair(a.target, a.draft, n_ctx=1024, n_gpu_layers=a.ngl, rpc_servers=rpc,
+            pair = load_pair(a.target, a.draft, n_ctx=1024, n_gpu_layers=a.ngl, rpc_servers=rpc, devices=names,
                              policy="fixed", draft_max=4)
             load_s = time.perf_counter() - t0
             pair.generate(a.prompt, max_tokens=8)
@@ -75,6 +78,8 @@ def main() -> None:
             print(f"{where}: load {load_s:.1f} s; {c.stats.summary()}")
             print(f"  target weights: {'; '.join(buffers(pair.target.load_log)) or 'n/a'}")
             print(f"  draft weights:  {'; '.join(buffers(pair.draft.load_log)) or 'n/a'}")
+            if rpc and not any(b.startswith("RPC") for b in buffers(pair.target.load_log)):
+                sys.exit("the target's weights did not go to the RPC server")
             pair.close()
         print("devices:", ", ".join(f"{d.name} ({d.backend}: {d.description})" for d in devices()))
         same = results["local"].text == results["rpc"].text

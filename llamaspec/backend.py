@@ -211,14 +211,19 @@ def rpc_hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
 
     host, port = _parse_endpoint(endpoint)
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot reach the RPC server at {endpoint} ({exc.strerror or exc}); "
+                             f"start it there with: rpc-server --host {host} --port {port}") from None
+    body = b""
+    with sock:
+        try:
             sock.sendall(struct.pack("<BQ", _RPC_HELLO, _RPC_CAPS_SIZE) + bytes(_RPC_CAPS_SIZE))
             head = _recv_exact(sock, 8)
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
             body = _recv_exact(sock, size) if 3 <= size <= 4096 else b""
-    except OSError as exc:
-        raise ModelLoadError(f"cannot reach the RPC server at {endpoint} ({exc.strerror or exc}); "
-                             f"start it there with: rpc-server --host {host} --port {port}") from None
+        except OSError:  # reset or timed out mid-handshake: not an rpc-server we can talk to
+            pass
     if len(body) < 3:
         raise ModelLoadError(f"the RPC server at {endpoint} did not answer llama.cpp's RPC handshake: it is not an "
                              "rpc-server, or one built from a different llama.cpp version than this llama-cpp-python")

@@ -114,7 +114,7 @@ class AutoPolicy(DraftPolicy):
 
     name = "auto"
 
-    def __init__(self, k_max: int = 12, p_min: float = 0.5, k_start: int = 3, probe_every: int = 16,
+    def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 16,
                  max_probe_interval: int = 1024, decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
@@ -181,11 +181,22 @@ class AutoPolicy(DraftPolicy):
         return tokens / (k * (self._t_draft or 0.0) + t_verify)
 
     def _best_k(self) -> int:
-        speeds = [(self.expected_speed(k, optimistic=True), k) for k in range(self.k_max + 1)]
-        known = [(s, k) for s, k in speeds if s is not None]
-        if not known:
+        """argmax_k expected_speed(k, optimistic=True) in one pass (ties go to the longer draft)."""
+        if not self._t_verify:
             return self.k_start
-        return max(known)[1]
+        t_draft = self._t_draft or 0.0
+        best_speed, best_k = -1.0, 0
+        tokens, run = 1.0, 1.0
+        for k in range(self.k_max + 1):
+            if k > 0:
+                if self._t_draft is None:
+                    break
+                run *= self.acceptance(k, optimistic=True)
+                tokens += run
+            speed = tokens / (k * t_draft + self.verify_time(k + 1, optimistic=True))
+            if speed >= best_speed:
+                best_speed, best_k = speed, k
+        return best_k
 
     def perfect_draft_gain(self) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
@@ -248,5 +259,5 @@ def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None =
         return ThresholdPolicy(k=min(4, k_max), k_min=1 if k_min is None else k_min, k_max=k_max,
                                p_min=0.0 if p_min is None else p_min)
     if name == "auto":
-        return AutoPolicy(k_max=12 if k is None else max(k, 1), p_min=0.5 if p_min is None else p_min)
+        return AutoPolicy(k_max=12 if k is None else max(k, 1), p_min=0.0 if p_min is None else p_min)
     raise InvalidParameterError(f"unknown draft policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
