@@ -138,12 +138,7 @@ class _Ggml:
     """ctypes bindings for the handful of ggml backend-registry functions llamaspec needs."""
 
     def __init__(self):
-        lib_dir = Path(llama_cpp.llama_cpp._base_path)
-        names = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml.dylib")) + \
-            sorted(lib_dir.glob("ggml.dll"))
-        if not names:
-            raise ModelLoadError(f"cannot find llama.cpp's ggml library next to libllama in {lib_dir}")
-        lib = ctypes.CDLL(str(names[0]))
+        lib = self._loaded_ggml()
         vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
 
         def fn(name, restype, *argtypes):
@@ -163,6 +158,25 @@ class _Ggml:
         self.reg_by_name = fn("ggml_backend_reg_by_name", vp, cp)
         self.reg_get_proc_address = fn("ggml_backend_reg_get_proc_address", vp, vp, cp)
         self.register = fn("ggml_backend_register", None, vp)
+
+    @staticmethod
+    def _loaded_ggml():
+        """The libggml that libllama itself uses. A second copy (the same file under another path, e.g. through
+        a build folder's RUNPATH) would have its own device registry, so ask the loader for the library already
+        in the process by its soname first; only then look beside libllama."""
+        no_load = getattr(os, "RTLD_NOLOAD", 0)
+        for soname in ("libggml.so.0", "libggml.so", "libggml.0.dylib", "libggml.dylib"):
+            if no_load:
+                try:
+                    return ctypes.CDLL(soname, mode=no_load | getattr(os, "RTLD_GLOBAL", 0))
+                except OSError:
+                    continue
+        lib_dir = Path(llama_cpp.llama_cpp._base_path)
+        names = sorted(lib_dir.glob("libggml.so*")) + sorted(lib_dir.glob("libggml*.dylib")) + \
+            sorted(lib_dir.glob("ggml.dll"))
+        if not names:
+            raise ModelLoadError(f"cannot find llama.cpp's ggml library next to libllama in {lib_dir}")
+        return ctypes.CDLL(str(names[0]))
 
     def device(self, ptr) -> Device:
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
