@@ -131,11 +131,30 @@ class PromptLookupDrafter:
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 2, n_vocab: int = 0):
         self.ngram_max, self.ngram_min, self.n_vocab = ngram_max, ngram_min, n_vocab
+        # the text so far as a growing int64 array: history only grows within a generation (and the engine gives
+        # each generation a new list), so each step appends the new tokens instead of copying the whole history
+        self._buf = np.empty(1024, dtype=np.int64)
+        self._len = 0
+        self._source: list[int] | None = None
 
     catchup_seconds = 0.0
 
     def sync(self, history: list[int], known_equal: int | None = None) -> None:
-        pass
+        self._source, self._len = None, 0
+
+    def _tokens(self, history: list[int], last: int) -> np.ndarray:
+        if history is not self._source or len(history) < self._len:
+            self._source, self._len = history, 0
+        n = len(history) + 1
+        if n > len(self._buf):
+            grown = np.empty(max(n, 2 * len(self._buf)), dtype=np.int64)
+            grown[:self._len] = self._buf[:self._len]
+            self._buf = grown
+        if len(history) > self._len:
+            self._buf[self._len:len(history)] = history[self._len:]
+            self._len = len(history)
+        self._buf[n - 1] = last
+        return self._buf[:n]
 
     def lookup(self, tokens: np.ndarray, max_len: int) -> list[int]:
         n_tok = len(tokens)
@@ -152,8 +171,7 @@ class PromptLookupDrafter:
 
     def draft(self, history: list[int], last: int, max_len: int, p_min: float, cfg: SamplerConfig,
               rng: np.random.Generator, probs_out: np.ndarray | None) -> list[int]:
-        tokens = np.asarray(history + [last], dtype=np.int64)
-        drafted = self.lookup(tokens, max_len)
+        drafted = self.lookup(self._tokens(history, last), max_len)
         if probs_out is not None:
             for i, tok in enumerate(drafted):
                 probs_out[i].fill(0.0)

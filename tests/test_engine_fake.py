@@ -171,3 +171,22 @@ def test_prompt_lookup_drafts_repeated_text():
     c = pair.generate(prompt, max_tokens=40)
     assert c.tokens == plain_pair().generate(prompt, max_tokens=40).tokens
     assert c.stats.drafted > 0
+
+
+def test_prompt_lookup_keeps_its_buffer_in_step_with_the_history():
+    from llamaspec.drafters import PromptLookupDrafter
+    from llamaspec.sampling import SamplerConfig
+
+    cfg, rng = SamplerConfig(), np.random.default_rng(0)
+    d = PromptLookupDrafter(ngram_max=3, ngram_min=2)
+    fresh = PromptLookupDrafter(ngram_max=3, ngram_min=2)
+    history = [5, 6, 7, 8, 9, 5, 6]
+    for step in range(1500):  # grows past the initial buffer
+        last = history[-1]
+        want = fresh.lookup(np.asarray(history + [last], dtype=np.int64), 4)
+        assert d.draft(history, last, 4, 0.0, cfg, rng, None) == want
+        history.append((step * 7) % 11 if step % 5 else history[-3])
+    # a new generation: a new list, shorter and different, is not mixed up with the old buffer
+    other = [1, 2, 3, 1, 2]
+    assert d.draft(other, 3, 4, 0.0, cfg, rng, None) == [1, 2, 3]  # [1, 2, 3, 1, 2, 3]: continue the repeat
+    assert d.draft(other, 9, 4, 0.0, cfg, rng, None) == []
