@@ -512,6 +512,12 @@ class Context:
                 return [int(self._eval_one(int(tokens[0]))[0].argmax())]
             return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
                 .argmax(axis=1).tolist()
+        if len(tokens) == 1:  # the drafting hot path
+            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+            out = [llama_cpp.llama_get_sampled_token_ith(self._ptr, -1)]
+            if out[0] < 0:
+                raise DecodeError("llama.cpp returned no argmax token for an output row")
+            return out
         self._decode(tokens, rows)
         get = llama_cpp.llama_get_sampled_token_ith
         if rows == "all":
@@ -592,7 +598,13 @@ class Context:
         return ptr
 
     def _eval_one(self, token: int) -> np.ndarray:
-        """The drafting hot path: one token, its logits row. Plain ctypes stores, no numpy set-up."""
+        """The drafting hot path: one token, its logits row."""
+        return self._logits_view(self._decode_one(token, sync=llama_cpp.llama_get_logits), 1)
+
+    def _decode_one(self, token: int, sync):
+        """Decode one token with its output row: plain ctypes stores, no numpy set-up. `sync(ctx)` runs right
+        after llama_decode and is timed with it (fetching the logits or the device argmax waits for the device);
+        returns what it returned."""
         if not 0 <= token < self.n_vocab:
             raise DecodeError(f"token id {token} out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
         b = self._batch
@@ -602,14 +614,13 @@ class Context:
         b.n_tokens = 1
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, b)
-        if rc == 0:
-            ptr = llama_cpp.llama_get_logits(self._ptr)
+        result = sync(self._ptr) if rc == 0 else None
         self.decode_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
             self._decode_failed(rc, 1)
         self.tokens.append(token)
-        return self._logits_view(ptr, 1)
+        return result
 
     def _decode_failed(self, rc: int, m: int):
         # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
