@@ -86,11 +86,41 @@ def _apply_top_p(probs: np.ndarray, top_p: float) -> None:
     probs[kept] = values
 
 
+_SAMPLE_BLOCK = 1024
+
+
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from a (possibly unnormalised) non-negative vector."""
-    cdf = np.cumsum(probs, dtype=np.float64)
-    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(idx, probs.shape[0] - 1)
+    """Draw one token id from a (possibly unnormalised) non-negative vector.
+
+    Inverse-CDF sampling in two levels: pick a block of 1024 ids by the blocks' masses, then the id inside it.
+    A cumulative sum over the whole vocabulary is sequential (about 2 ms for 152k ids on a slow core); block sums
+    vectorise, and only one block needs a cumulative sum (0.1 ms). Ids of probability 0 are never drawn.
+    """
+    n = probs.shape[0]
+    if n <= 4 * _SAMPLE_BLOCK:
+        cdf = np.cumsum(probs, dtype=np.float64)
+        return _first_above(cdf, rng.random() * cdf[-1], probs)
+    n_full = n - n % _SAMPLE_BLOCK
+    sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
+    if n_full < n:
+        sums = np.append(sums, probs[n_full:].sum(dtype=np.float64))
+    cdf = np.cumsum(sums)
+    u = rng.random() * cdf[-1]
+    b = min(int(np.searchsorted(cdf, u, side="right")), len(sums) - 1)
+    while sums[b] <= 0.0:  # rounding put u on an empty block's edge: take the nearest earlier non-empty one
+        b -= 1
+    lo = b * _SAMPLE_BLOCK
+    block = probs[lo:lo + _SAMPLE_BLOCK]
+    inner = np.cumsum(block, dtype=np.float64)
+    return lo + _first_above(inner, u - (cdf[b - 1] if b else 0.0), block)
+
+
+def _first_above(cdf: np.ndarray, u: float, probs: np.ndarray) -> int:
+    """The first index whose cumulative mass exceeds u; past the end (rounding), the last id with mass."""
+    idx = int(np.searchsorted(cdf, u, side="right"))
+    if idx >= len(cdf):
+        idx = int(np.flatnonzero(probs)[-1])
+    return idx
 
 
 def max_prob(logits: np.ndarray, scratch: np.ndarray | None = None, top: float | None = None) -> float:

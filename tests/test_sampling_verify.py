@@ -70,6 +70,22 @@ def test_sample_from_follows_the_distribution():
     np.testing.assert_allclose(counts, p, atol=0.015)
 
 
+def test_sample_from_a_large_vocabulary_follows_the_distribution():
+    """The two-level sampler (blocks of 1024 ids) on a vocabulary-sized vector with empty blocks, mass at block
+    edges and a short last block: the frequencies match and ids of probability 0 never come out."""
+    rng = np.random.default_rng(3)
+    p = np.zeros(151_936, dtype=np.float32)
+    mass = {0: 0.05, 1023: 0.15, 1024: 0.1, 70_000: 0.3, 151_935: 0.2, 151_552: 0.1}
+    for i, m in mass.items():
+        p[i] = m
+    p[5000:6000] = 0.1 / 1000  # a block-spanning spread of small mass
+    draws = np.array([sample_from(p, rng) for _ in range(20000)])
+    assert np.all(p[draws] > 0)
+    for i, m in mass.items():
+        assert abs(np.mean(draws == i) - m) < 0.012, i
+    assert abs(np.mean((draws >= 5000) & (draws < 6000)) - 0.1) < 0.012
+
+
 def _rejection_output_distribution(p, q, n=40000, seed=1):
     """Empirical distribution of the first emitted token under speculative sampling with one draft token."""
     rng = np.random.default_rng(seed)
