@@ -158,7 +158,10 @@ def main() -> None:
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
         for mode, k in runs:
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
-            p_min = float(p_min) if p_min else None
+            try:
+                p_min = float(p_min) if p_min else None
+            except ValueError:
+                ap.error(f"--modes: {mode!r}: p= needs a number")
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
@@ -196,4 +199,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from llamaspec.cli.options import handle_errors
+
+    handle_errors(main)()  # a missing or mismatched model: one line, not a traceback

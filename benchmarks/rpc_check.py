@@ -92,4 +92,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from llamaspec.cli.options import handle_errors
+
+    handle_errors(main)()  # a missing or mismatched model: one line, not a traceback

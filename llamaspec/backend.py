@@ -514,16 +514,11 @@ class Context:
                 .argmax(axis=1).tolist()
         if len(tokens) == 1:  # the drafting hot path
             self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
-            out = [llama_cpp.llama_get_sampled_token_ith(self._ptr, -1)]
-            if out[0] < 0:
-                raise DecodeError("llama.cpp returned no argmax token for an output row")
-            return out
-        self._decode(tokens, rows)
-        get = llama_cpp.llama_get_sampled_token_ith
-        if rows == "all":
-            out = [get(self._ptr, i) for i in range(len(tokens))]
         else:
-            out = [get(self._ptr, -1)]
+            self._decode(tokens, rows)
+        get = llama_cpp.llama_get_sampled_token_ith
+        out = [get(self._ptr, i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+            else [get(self._ptr, -1)]
         if min(out) < 0:
             raise DecodeError("llama.cpp returned no argmax token for an output row")
         return out

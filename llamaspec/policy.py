@@ -170,33 +170,32 @@ class AutoPolicy(DraftPolicy):
         anchor = a if hi is not None else b
         return max(base + slope * (n - anchor), 1e-9)
 
-    def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
-        t_verify = self.verify_time(k + 1, optimistic)
-        if t_verify is None or (k > 0 and self._t_draft is None):
-            return None
-        tokens, run = 1.0, 1.0
-        for j in range(1, k + 1):
-            run *= self.acceptance(j, optimistic)
-            tokens += run
-        return tokens / (k * (self._t_draft or 0.0) + t_verify)
-
-    def _best_k(self) -> int:
-        """argmax_k expected_speed(k, optimistic=True) in one pass (ties go to the longer draft)."""
+    def _speeds(self, k_max: int, optimistic: bool):
+        """(k, expected tokens per second) for k = 0..k_max, as far as the estimates reach, in one pass:
+        tokens(k) grows by the chance of accepting all of d_1..d_k."""
         if not self._t_verify:
-            return self.k_start
+            return
         t_draft = self._t_draft or 0.0
-        best_speed, best_k = -1.0, 0
         tokens, run = 1.0, 1.0
-        for k in range(self.k_max + 1):
+        for k in range(k_max + 1):
             if k > 0:
                 if self._t_draft is None:
-                    break
-                run *= self.acceptance(k, optimistic=True)
+                    return
+                run *= self.acceptance(k, optimistic)
                 tokens += run
-            speed = tokens / (k * t_draft + self.verify_time(k + 1, optimistic=True))
-            if speed >= best_speed:
-                best_speed, best_k = speed, k
-        return best_k
+            yield k, tokens / (k * t_draft + self.verify_time(k + 1, optimistic))
+
+    def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
+        last = None
+        for j, speed in self._speeds(k, optimistic):
+            last = speed if j == k else None
+        return last
+
+    def _best_k(self) -> int:
+        """argmax_k expected_speed(k, optimistic=True) (ties go to the longer draft)."""
+        if not self._t_verify:
+            return self.k_start
+        return max(self._speeds(self.k_max, optimistic=True), key=lambda ks: (ks[1], ks[0]))[0]
 
     def perfect_draft_gain(self) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
