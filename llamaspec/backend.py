@@ -340,6 +340,8 @@ class Model:
         if options.split_mode not in SPLIT_MODES:
             raise ModelLoadError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {options.split_mode!r}")
         params.split_mode = SPLIT_MODES[options.split_mode]
+        if options.split_mode == "tensor" and not any(d.kind == "gpu" for d in devices()):
+            raise ModelLoadError("split mode 'tensor' (tensor parallelism) needs GPUs, and llama.cpp sees none here")
         if options.tensor_split:
             n_max = llama_cpp.llama_max_devices()
             if len(options.tensor_split) > n_max:

@@ -81,6 +81,13 @@ def test_unknown_device_is_named_in_the_error(tiny_models):
         Model(tiny_models["target"], ModelOptions(devices=("CUDA7",), no_repack=True))
 
 
+def test_tensor_split_mode_without_gpus_is_one_error(tiny_models):
+    if any(d.kind == "gpu" for d in backend.devices()):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ModelLoadError, match="split mode 'tensor'.*needs GPUs"):
+        Model(tiny_models["target"], ModelOptions(split_mode="tensor", no_repack=True))
+
+
 def test_no_devices_runs_on_the_cpu(tiny_models):
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), n_ctx=256, devices=(), no_repack=True,
                      policy="fixed", draft_max=3)
