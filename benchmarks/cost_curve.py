@@ -12,7 +12,8 @@ import argparse
 import json
 import time
 
-from llamaspec.backend import Context, ContextOptions, Model, ModelOptions
+from llamaspec.backend import Context, Model
+from llamaspec.config import ModelConfig
 
 
 def median_time(ctx: Context, n: int, reps: int, logits: str) -> float:
@@ -22,7 +23,7 @@ def median_time(ctx: Context, n: int, reps: int, logits: str) -> float:
         t0 = time.perf_counter()
         ctx.eval([1000 + i for i in range(n)], logits=logits)
         times.append(time.perf_counter() - t0)
-        ctx.truncate(base)
+        ctx.keep(base)
     return sorted(times)[len(times) // 2]
 
 
@@ -46,8 +47,8 @@ def main() -> None:
     a = ap.parse_args()
 
     def load(path):
-        m = Model(path, ModelOptions(n_gpu_layers=a.ngl, no_repack=a.no_repack))
-        c = Context(m, ContextOptions(n_ctx=a.context + 64, n_batch=64, flash_attn=a.flash_attn))
+        m = Model(path, ModelConfig(n_gpu_layers=a.ngl, no_repack=a.no_repack))
+        c = Context(m, ModelConfig(n_ctx=a.context + 64, n_batch=64, flash_attn=a.flash_attn))
         c.eval([500 + i % 1000 for i in range(a.context)], logits="none")
         return c
 

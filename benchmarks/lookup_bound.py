@@ -19,7 +19,7 @@ import numpy as np
 from llamaspec import load_pair
 from llamaspec.bench import prepare_prompts
 from llamaspec.drafters import PromptLookupDrafter
-from llamaspec.prompts import PROMPT_SETS
+from llamaspec.bench.prompts import PROMPT_SETS
 from llamaspec.sysinfo import hardware_line
 
 
@@ -33,7 +33,7 @@ def verify_curve(ctx, n_max: int, reps: int) -> dict[int, float]:
             t0 = time.perf_counter()
             ctx.eval([1000 + i for i in range(n)], logits="all")
             times.append(time.perf_counter() - t0)
-            ctx.truncate(base)
+            ctx.keep(base)
         return sorted(times)[len(times) // 2]
 
     median(1)

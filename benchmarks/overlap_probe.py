@@ -14,12 +14,13 @@ import argparse
 import threading
 import time
 
-from llamaspec.backend import Context, ContextOptions, Model, ModelOptions
+from llamaspec.backend import Context, Model
+from llamaspec.config import ModelConfig
 
 
 def load(path: str, a) -> Context:
-    m = Model(path, ModelOptions(n_gpu_layers=a.ngl, no_repack=a.no_repack))
-    c = Context(m, ContextOptions(n_ctx=a.context + 128, n_batch=64, flash_attn=a.flash_attn))
+    m = Model(path, ModelConfig(n_gpu_layers=a.ngl, no_repack=a.no_repack))
+    c = Context(m, ModelConfig(n_ctx=a.context + 128, n_batch=64, flash_attn=a.flash_attn))
     c.eval([500 + i % 1000 for i in range(a.context)], logits="none")
     return c
 
@@ -27,14 +28,14 @@ def load(path: str, a) -> Context:
 def verify(target: Context, k: int) -> None:
     base = target.n_past
     target.eval([1000 + i for i in range(k + 1)], logits="all")
-    target.truncate(base)
+    target.keep(base)
 
 
 def draft(ctx: Context, k: int) -> None:
     base = ctx.n_past
     for i in range(k):
         ctx.eval([2000 + i], logits="last")
-    ctx.truncate(base)
+    ctx.keep(base)
 
 
 def together(target: Context, ctx: Context, k: int) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 import llamaspec
-from llamaspec.chat import ChatTemplate
-from llamaspec.gguf_meta import read_model_info
+from llamaspec.chat_template import ChatTemplate
+from llamaspec.gguf.reader import read_model_info
 
 PRUNE_SCRIPT = Path(__file__).resolve().parent.parent / "convert" / "prune_draft.py"
 PROMPTS = (

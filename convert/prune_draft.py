@@ -12,9 +12,9 @@ from __future__ import annotations
 import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress  # first: finds llamaspec
 
-from llamaspec.gguf_edit import (check_output_path, check_prunable, parse_layer_list, prune_blocks, read_gguf,
+from llamaspec.gguf.edit import (check_output_path, check_prunable, parse_layer_list, prune_blocks, read_gguf,
                                  select_blocks, write_gguf)
-from llamaspec.gguf_meta import read_model_info
+from llamaspec.gguf.reader import read_model_info
 
 
 def describe_blocks(keep: list[int]) -> str:

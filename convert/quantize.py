@@ -15,8 +15,8 @@ import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors  # first: finds llamaspec
 
 from llamaspec.errors import InvalidParameterError, ModelFileError, ModelLoadError
-from llamaspec.gguf_edit import check_output_path, temp_path_for, write_failure_message
-from llamaspec.gguf_meta import read_model_info
+from llamaspec.gguf.edit import check_output_path, temp_path_for, write_failure_message
+from llamaspec.gguf.reader import read_model_info
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SPINNER = "|/-\\"
@@ -69,7 +69,7 @@ def run_with_progress(job, show: bool, progress) -> float:
 @one_line_errors
 def main(model, output, qtype, threads, allow_requantize, force, quiet):
     """Quantize MODEL to the given type and write OUTPUT."""
-    from llamaspec.backend import QUANT_FTYPES, quantize_model, quantize_progress
+    from _quantizer import QUANT_FTYPES, quantize_model, quantize_progress
 
     qtype = qtype.upper()
     if qtype not in QUANT_FTYPES:

@@ -5,7 +5,7 @@
 import sys
 
 from llamaspec import load_pair
-from llamaspec.chat import ChatTemplate
+from llamaspec.chat_template import ChatTemplate
 
 with load_pair(sys.argv[1], sys.argv[2], n_gpu_layers=-1, n_ctx=4096) as pair:
     template = ChatTemplate.from_model_info(pair.target.info)

@@ -13,18 +13,24 @@ try:
 except ImportError:  # the engine says how to install it when it is used
     pass
 
+from .config import LoadConfig, ModelConfig
 from .errors import (ContextOverflowError, DecodeError, GPUOutOfMemoryError, IncompatiblePairError,
                      InvalidParameterError, LlamaspecError, ModelFileError, ModelLoadError, UnsupportedModelError)
 from .policy import AutoPolicy, ConfidencePolicy, DraftPolicy, FixedPolicy, ThresholdPolicy, make_policy
 from .sampling import SamplerConfig
 from .stats import GenerationStats
+from .text import Piece
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The engine imports llama_cpp (a compiled library); load it only when it is used.
-    if name in ("load_pair", "Pair", "Piece", "Completion"):
+    # Loading imports llama_cpp (a compiled library); load it only when it is used.
+    if name == "load_pair":
+        from .loading import load_pair
+
+        return load_pair
+    if name in ("Pair", "Completion"):
         from . import engine
 
         return getattr(engine, name)
@@ -32,7 +38,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "load_pair", "Pair", "Piece", "Completion", "GenerationStats", "SamplerConfig",
+    "load_pair", "Pair", "Piece", "Completion", "GenerationStats", "SamplerConfig", "LoadConfig", "ModelConfig",
     "DraftPolicy", "AutoPolicy", "FixedPolicy", "ConfidencePolicy", "ThresholdPolicy", "make_policy",
     "LlamaspecError", "ModelFileError", "IncompatiblePairError", "UnsupportedModelError", "ModelLoadError",
     "GPUOutOfMemoryError", "ContextOverflowError", "InvalidParameterError", "DecodeError",

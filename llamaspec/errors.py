@@ -35,7 +35,12 @@ class ContextOverflowError(LlamaspecError):
 
 
 class InvalidParameterError(LlamaspecError, ValueError):
-    """A generation or sampler parameter is out of range; the message names the parameter."""
+    """A generation or sampler parameter is out of range; the message names the parameter, and `param` holds its
+    name (None when no single parameter is at fault)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class DecodeError(LlamaspecError):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import abc
 from collections import deque
 
+from .config import POLICY_NAMES  # noqa: F401  (re-exported)
 from .errors import InvalidParameterError
-
-POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
 
 
 class DraftPolicy(abc.ABC):
@@ -34,13 +33,13 @@ class DraftPolicy(abc.ABC):
 
 def _check_k(name: str, value: int, low: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}", param=name)
     return value
 
 
 def _check_p(name: str, value: float) -> float:
     if not isinstance(value, (int, float)) or not (0.0 <= value < 1.0):
-        raise InvalidParameterError(f"{name} must be in [0, 1), got {value!r}")
+        raise InvalidParameterError(f"{name} must be in [0, 1), got {value!r}", param=name)
     return float(value)
 
 
@@ -259,4 +258,5 @@ def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None =
                                p_min=0.0 if p_min is None else p_min)
     if name == "auto":
         return AutoPolicy(k_max=12 if k is None else max(k, 1), p_min=0.0 if p_min is None else p_min)
-    raise InvalidParameterError(f"unknown draft policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    raise InvalidParameterError(f"unknown draft policy {name!r}; choose one of {', '.join(POLICY_NAMES)}",
+                                param="policy")

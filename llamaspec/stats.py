@@ -24,6 +24,17 @@ class GenerationStats:
     time_in_decode: float = 0.0     # seconds spent inside llama_decode (both models), for the Python overhead
     finish_reason: str | None = None
 
+    def record_step(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """One draft-verify step: `drafted` proposed, `accepted` kept."""
+        self.target_passes += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.time_draft += draft_seconds
+        self.time_verify += verify_seconds
+        if drafted:
+            self.accepted_lengths[accepted] += 1
+        self.draft_lengths[drafted] += 1
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0

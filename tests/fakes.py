@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamaspec.drafters import make_drafter
 from llamaspec.engine import Pair
 
 
@@ -41,6 +42,9 @@ class FakeModel:
 
     def detokenize(self, tokens):
         return "".join(f"<{t}>" for t in tokens)
+
+    def close(self):
+        pass
 
 
 class FakeContext:
@@ -82,7 +86,7 @@ class FakeContext:
         self.device_argmax = bool(on) and self.device_argmax_ok
         return self.device_argmax
 
-    def truncate(self, n):
+    def keep(self, n):
         del self.tokens[n:]
         return True
 
@@ -99,7 +103,7 @@ class FakeContext:
 def fake_pair(disagree: float = 0.0, policy=None, n_ctx: int = 256, drafter: str = "model", **kw) -> Pair:
     target = FakeModel(**kw)
     draft = FakeModel(disagree=disagree, salt=3, **kw)
-    return Pair(target, FakeContext(target, n_ctx), draft, FakeContext(draft, n_ctx), policy, drafter=drafter)
+    return Pair(target, FakeContext(target, n_ctx), make_drafter(drafter, target, FakeContext(draft, n_ctx)), policy)
 
 
 def plain_pair(n_ctx: int = 256, **kw) -> Pair:

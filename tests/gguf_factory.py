@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter
 
-from llamaspec.gguf_meta import read_model_info
+from llamaspec.gguf.reader import read_model_info
 
 VOCAB_FILES = ("ggml-vocab-qwen2.gguf", "ggml-vocab-llama-spm.gguf")
 

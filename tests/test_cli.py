@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from llamaspec import sysinfo
 from llamaspec.backend import supports_gpu_offload
 from llamaspec.cli import main
-from llamaspec.gguf_meta import read_model_info
-from llamaspec.memory import Settings, kv_bytes_per_element, kv_cache_bytes, plan_memory
-from llamaspec.prompts import PROMPT_SETS
+from llamaspec.config import ModelConfig
+from llamaspec.gguf.reader import read_model_info
+from llamaspec.gguf.memory import Settings, kv_bytes_per_element, kv_cache_bytes, plan_memory
+from llamaspec.bench.prompts import PROMPT_SETS
 
 N_CTX = ["-c", "512"]
 
@@ -388,9 +389,9 @@ def _allocations(log: str) -> dict[str, float]:
 def _measured(path, n_ctx, flash_attn):
     from llamaspec import backend
 
-    model = backend.Model(path, backend.ModelOptions(no_repack=True))
+    model = backend.Model(path, ModelConfig(no_repack=True))
     weights = _allocations(model.load_log)["weights"]
-    ctx = backend.Context(model, backend.ContextOptions(n_ctx=n_ctx, flash_attn=flash_attn, n_threads=1))
+    ctx = backend.Context(model, ModelConfig(n_ctx=n_ctx, flash_attn=flash_attn, n_threads=1))
     found = _allocations(ctx.load_log)
     ctx.close()
     model.close()
@@ -399,7 +400,7 @@ def _measured(path, n_ctx, flash_attn):
 
 @pytest.mark.parametrize("flash_attn", ["on", "off"])
 def test_memory_estimate_matches_what_llama_cpp_allocates(tiny_models, flash_attn):
-    from llamaspec.memory import MiB, model_memory
+    from llamaspec.gguf.memory import MiB, model_memory
 
     info = read_model_info(tiny_models["target"])
     got = _measured(tiny_models["target"], 2048, flash_attn)

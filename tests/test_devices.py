@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from llamaspec import backend, load_pair
-from llamaspec.backend import Context, ContextOptions, Model, ModelOptions
+from llamaspec.backend import Context, Model
+from llamaspec.config import ModelConfig
 from llamaspec.errors import ModelLoadError
 
 
@@ -78,14 +79,14 @@ def test_rpc_without_rpc_build_says_how_to_get_it():
 
 def test_unknown_device_is_named_in_the_error(tiny_models):
     with pytest.raises(ModelLoadError, match=r"no device named 'CUDA7' \(devices: .*CPU"):
-        Model(tiny_models["target"], ModelOptions(devices=("CUDA7",), no_repack=True))
+        Model(tiny_models["target"], ModelConfig(devices=("CUDA7",), no_repack=True))
 
 
 def test_tensor_split_mode_without_gpus_is_one_error(tiny_models):
     if any(d.kind == "gpu" for d in backend.devices()):
         pytest.skip("this machine has a GPU")
     with pytest.raises(ModelLoadError, match="split mode 'tensor'.*needs GPUs"):
-        Model(tiny_models["target"], ModelOptions(split_mode="tensor", no_repack=True))
+        Model(tiny_models["target"], ModelConfig(split_mode="tensor", no_repack=True))
 
 
 def test_no_devices_runs_on_the_cpu(tiny_models):
@@ -108,13 +109,13 @@ def test_cli_bad_device_is_one_line(tiny_models):
 
 # -- the argmax on the device (llama.cpp backend sampling) ----------------------------------------------------
 def _contexts(path):
-    model = Model(path, ModelOptions(no_repack=True))
-    return model, Context(model, ContextOptions(n_ctx=256, n_batch=64, n_threads=2))
+    model = Model(path, ModelConfig(no_repack=True))
+    return model, Context(model, ModelConfig(n_ctx=256, n_batch=64, n_threads=2))
 
 
 def test_device_argmax_matches_numpy_on_every_row(tiny_models):
     model, ctx = _contexts(tiny_models["target"])
-    ref = Context(model, ContextOptions(n_ctx=256, n_batch=64, n_threads=2))
+    ref = Context(model, ModelConfig(n_ctx=256, n_batch=64, n_threads=2))
     prompt = model.tokenize("def quicksort(arr):\n    if len(arr) <= 1:")
     assert ctx.set_device_argmax(True) and ctx.device_argmax
     got = ctx.eval_argmax(prompt, rows="all")

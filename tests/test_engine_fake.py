@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel, fake_pair, plain_pair
+from llamaspec.drafters import make_drafter
 from llamaspec.engine import Pair, StopMatcher
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
 from llamaspec.policy import FixedPolicy, ThresholdPolicy
@@ -88,7 +89,7 @@ def test_end_of_generation_token_stops_and_is_not_emitted():
     target = FakeModel()
     expected = plain_pair().generate(PROMPT, max_tokens=30).tokens
     target.eog = expected[10]  # pretend the 11th token ends the generation
-    pair = Pair(target, FakeContext(target), FakeModel(), FakeContext(FakeModel()), FixedPolicy(4))
+    pair = Pair(target, FakeContext(target), make_drafter("model", target, FakeContext(FakeModel())), FixedPolicy(4))
     c = pair.generate(PROMPT, max_tokens=30)
     assert c.finish_reason == "stop" and c.tokens == expected[:10]
 
@@ -166,7 +167,7 @@ def test_stats_count_what_happened():
 
 def test_prompt_lookup_drafts_repeated_text():
     target = FakeModel()
-    pair = Pair(target, FakeContext(target), policy=FixedPolicy(4), drafter="lookup")
+    pair = Pair(target, FakeContext(target), make_drafter("lookup", target), FixedPolicy(4))
     prompt = PROMPT * 6  # the fake model's continuation of a repeated pattern often repeats too
     c = pair.generate(prompt, max_tokens=40)
     assert c.tokens == plain_pair().generate(prompt, max_tokens=40).tokens
@@ -175,18 +176,16 @@ def test_prompt_lookup_drafts_repeated_text():
 
 def test_prompt_lookup_keeps_its_buffer_in_step_with_the_history():
     from llamaspec.drafters import PromptLookupDrafter
-    from llamaspec.sampling import SamplerConfig
 
-    cfg, rng = SamplerConfig(), np.random.default_rng(0)
     d = PromptLookupDrafter(ngram_max=3, ngram_min=2)
     fresh = PromptLookupDrafter(ngram_max=3, ngram_min=2)
     history = [5, 6, 7, 8, 9, 5, 6]
     for step in range(1500):  # grows past the initial buffer
         last = history[-1]
         want = fresh.lookup(np.asarray(history + [last], dtype=np.int64), 4)
-        assert d.draft(history, last, 4, 0.0, cfg, rng, None) == want
+        assert d.propose(history, last, 4, 0.0).tokens == want
         history.append((step * 7) % 11 if step % 5 else history[-3])
     # a new generation: a new list, shorter and different, is not mixed up with the old buffer
     other = [1, 2, 3, 1, 2]
-    assert d.draft(other, 3, 4, 0.0, cfg, rng, None) == [1, 2, 3]  # [1, 2, 3, 1, 2, 3]: continue the repeat
-    assert d.draft(other, 9, 4, 0.0, cfg, rng, None) == []
+    assert d.propose(other, 3, 4, 0.0).tokens == [1, 2, 3]  # [1, 2, 3, 1, 2, 3]: continue the repeat
+    assert d.propose(other, 9, 4, 0.0).tokens == []

@@ -53,7 +53,7 @@ def target_logits_after(pair, tokens):
     """The target's logits for the token after `tokens` (one-token decoding of the last one)."""
     ctx = pair.target_ctx
     common = min(common_prefix_len(ctx.tokens, tokens), len(tokens) - 1)
-    ctx.truncate(common)
+    ctx.keep(common)
     return np.array(ctx.eval(tokens[common:], logits="last")[0])
 
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from gguf import GGUFWriter
 from hf_standin import COMMIT, HubStandin
 
-from llamaspec import registry
+from llamaspec.hub import registry
 from llamaspec.errors import IncompatiblePairError, RegistryError
 
 REPO = "llamaspec-test/tiny-GGUF"
@@ -143,7 +143,7 @@ def test_shipped_file_parses_into_entries_with_valid_settings():
     assert {"default", "test"} <= set(pairs)
     for entry in pairs.values():
         assert entry.note, entry.name
-        assert entry.policy in registry.POLICIES
+        assert entry.policy in registry.POLICY_NAMES
         assert entry.cache_type_k in registry.CACHE_TYPES and entry.cache_type_v in registry.CACHE_TYPES
         for ref in entry.models:
             assert ref.is_local or (re.fullmatch(r"[\w.-]+/[\w.-]+", ref.repo) and ref.file.endswith(".gguf"))

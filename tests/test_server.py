@@ -152,7 +152,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 # Generation through the official client
 # ---------------------------------------------------------------------------------------------------------------
 def test_chat_greedy_output_equals_library_output(client, library_pair):
-    from llamaspec.chat import ChatTemplate
+    from llamaspec.chat_template import ChatTemplate
 
     template = ChatTemplate.from_model_info(library_pair.target.info)
     prompt = template.render(MESSAGES)
@@ -497,7 +497,7 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
 
 
 def test_histogram_renders_cumulative_buckets_sum_and_count():
-    from llamaspec.metrics import Histogram
+    from llamaspec.server.metrics import Histogram
 
     h = Histogram("t_seconds", "help", buckets=(0.1, 1.0))
     for value in (0.05, 0.5, 0.7, 3.0):
@@ -511,7 +511,7 @@ def test_histogram_renders_cumulative_buckets_sum_and_count():
 
 
 def test_counter_labels_are_escaped_and_checked():
-    from llamaspec.metrics import Counter
+    from llamaspec.server.metrics import Counter
 
     c = Counter("c_total", "help", ("endpoint",))
     c.inc(endpoint='a"b\\c')
@@ -631,7 +631,7 @@ def test_ctrl_c_when_idle_exits_zero(tiny_models, tmp_path):
 def test_real_pair_chat_through_the_server_equals_the_library(real_models, tmp_path):
     from conftest import REAL_DRAFT, REAL_TARGET
 
-    from llamaspec.chat import ChatTemplate
+    from llamaspec.chat_template import ChatTemplate
     from llamaspec.engine import load_pair
 
     models = {"target": real_models / REAL_TARGET, "draft": real_models / REAL_DRAFT}

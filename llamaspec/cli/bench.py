@@ -81,7 +81,7 @@ def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int |
 def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_path, **opts):
     """Compare plain decoding with speculation (fixed draft lengths, policies) on the same prompts."""
     from .. import bench as lib
-    from ..prompts import load_prompts
+    from ..bench.prompts import load_prompts
 
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")

@@ -72,7 +72,7 @@ class ChatSession:
     """The conversation, the sampler settings, and the slash commands that change them."""
 
     def __init__(self, pair, system: str | None, sampler: dict, policy_settings: dict):
-        from ..chat import ChatTemplate
+        from ..chat_template import ChatTemplate
 
         self.pair = pair
         self.template = ChatTemplate.from_model_info(pair.target.info)

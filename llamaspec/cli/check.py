@@ -10,14 +10,14 @@ KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1",
 
 
 def gib(n_bytes: int) -> str:
-    from ..memory import GiB, MiB
+    from ..gguf.memory import GiB, MiB
 
     return f"{n_bytes / GiB:.2f} GiB" if n_bytes >= GiB else f"{n_bytes / MiB:.0f} MiB"
 
 
 def default_vram(main_gpu: int) -> tuple[float, str]:
     """GiB and where the number came from: free memory of the main GPU per nvidia-smi, else 24."""
-    from ..memory import DEFAULT_VRAM_GB
+    from ..gguf.memory import DEFAULT_VRAM_GB
     from ..sysinfo import nvidia_gpus
 
     gpus = nvidia_gpus()
@@ -84,9 +84,9 @@ def print_plan(plan, vram_source: str) -> None:
 def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, flash_attn, n_gpu_layers,
           draft_n_gpu_layers, main_gpu, vram, assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers."""
-    from ..compat import compatibility_report
-    from ..gguf_meta import read_model_info
-    from ..memory import Settings, plan_memory
+    from ..gguf.compat import compatibility_report
+    from ..gguf.reader import read_model_info
+    from ..gguf.memory import Settings, plan_memory
 
     target_path, draft_path, _ = resolve_model_paths({"model": target, "model_draft": draft, "pair_name": pair_name,
                                                       "assume_yes": assume_yes})

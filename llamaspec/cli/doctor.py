@@ -70,7 +70,7 @@ def check_wsl(model_paths: tuple[str, ...]) -> int:
 
 def check_models(model_paths: tuple[str, ...]) -> int:
     from ..errors import ModelFileError
-    from ..gguf_meta import read_model_info
+    from ..gguf.reader import read_model_info
 
     problems = 0
     for path in model_paths:

@@ -18,7 +18,7 @@ def models():
 @handle_errors
 def list_pairs():
     """Every pair: the GPU memory it is tuned for, its two files, and whether they are downloaded."""
-    from .. import registry
+    from ..hub import registry
 
     rows = [("NAME", "VRAM", "TARGET", "DRAFT", "SIZE", "STATUS")]
     unchecked = False
@@ -39,7 +39,7 @@ def list_pairs():
 @handle_errors
 def show(name):
     """Everything about pair NAME: files, links, settings, where its files are."""
-    from .. import registry
+    from ..hub import registry
 
     entry = registry.get_pair(name)
     paths = registry.downloaded(entry)
@@ -62,7 +62,7 @@ def show(name):
 @handle_errors
 def pull(name):
     """Download both files of pair NAME into the Hugging Face cache (resumes where supported) and check them."""
-    from .. import registry
+    from ..hub import registry
 
     entry = registry.get_pair(name)
     click.echo(f"pulling {name}: {entry.target.label} + {entry.draft.label} into {registry.hf_cache_dir()}", err=True)
@@ -79,7 +79,7 @@ def pull(name):
 @handle_errors
 def path(name):
     """Print the local paths of pair NAME's target and draft (one a line)."""
-    from .. import registry
+    from ..hub import registry
     from ..errors import RegistryError
 
     entry = registry.get_pair(name)
@@ -96,7 +96,7 @@ def path(name):
 @handle_errors
 def rm(name, include_shared):
     """Remove pair NAME's files from the Hugging Face cache (a file another downloaded pair uses is kept)."""
-    from .. import registry
+    from ..hub import registry
 
     pairs = registry.load_registry()
     entry = registry.get_pair(name)

@@ -8,12 +8,14 @@ import traceback
 
 import click
 
+from ..config import (CACHE_TYPES, DEFAULT_N_CTX, FLASH_ATTN_MODES, POLICY_NAMES, SPLIT_MODES, LoadConfig,
+                      ModelConfig)
 from ..errors import LlamaspecError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-DEFAULT_N_CTX = 4096
-SPLIT_MODE_NAMES = ("none", "layer", "row", "tensor")  # "tensor" needs a llama.cpp with tensor parallelism
+_MODEL = ModelConfig()   # the defaults every option shows
+_LOAD = LoadConfig()
 
 
 def fail(message: str, code: int = EXIT_ERROR):
@@ -82,27 +84,29 @@ def pair_options(func):
                      help="Draft GGUF file (same tokenizer as the target)."),
         click.option("--pair", "pair_name", help="A named pair from models.toml (see `llamaspec models list`)."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone."),
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True,
+        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=_MODEL.n_gpu_layers, show_default=True,
                      help="Target layers on the GPU (-1 = all)."),
         click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None,
                      help="Draft layers on the GPU (default: as -ngl)."),
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
                      help=f"Context size in tokens [default: {DEFAULT_N_CTX}, or the --pair entry's]."),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=_MODEL.n_batch,
+                     show_default=True),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads (default: physical cores)."),
         click.option("-td", "--threads-draft", "draft_n_threads", type=click.IntRange(min=1), default=None),
-        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
+        click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(FLASH_ATTN_MODES),
+                     default=_MODEL.flash_attn, show_default=True),
+        click.option("-ctk", "--cache-type-k", "cache_type_k", default=_MODEL.cache_type_k, show_default=True,
+                     type=click.Choice(CACHE_TYPES)),
+        click.option("-ctv", "--cache-type-v", "cache_type_v", default=_MODEL.cache_type_v, show_default=True,
+                     type=click.Choice(CACHE_TYPES)),
+        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=_MODEL.main_gpu,
                      show_default=True),
-        click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
-                     type=click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])),
-        click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
-                     type=click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])),
-        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True),
         click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=click.IntRange(min=0), default=None,
                      help="Put the draft on this GPU."),
-        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(list(SPLIT_MODE_NAMES)),
-                     default="layer", show_default=True, help="How the target spreads over GPUs."),
+        click.option("-sm", "--split-mode", "split_mode", type=click.Choice(SPLIT_MODES),
+                     default=_MODEL.split_mode, show_default=True, help="How the target spreads over GPUs."),
         click.option("-ts", "--tensor-split", "tensor_split", default=None,
                      help="Fractions of the target per GPU, e.g. 3,1."),
         click.option("--rpc", "rpc_servers", default=None,
@@ -112,8 +116,8 @@ def pair_options(func):
         click.option("-devd", "--device-draft", "draft_device", default=None,
                      help="Put the whole draft on this device, e.g. CUDA1."),
         click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
-        click.option("--policy", type=click.Choice(["auto", "fixed", "confidence", "threshold"]), default="auto",
-                     show_default=True, help="Draft-length policy."),
+        click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
+                     help=f"Draft-length policy [default: {_LOAD.policy}, or the --pair entry's]."),
         click.option("--draft-max", "--draft", "draft_max", type=click.IntRange(min=0), default=None,
                      help="Draft length (fixed) or its maximum (other policies)."),
         click.option("--draft-min", "draft_min", type=click.IntRange(min=0), default=None),
@@ -173,7 +177,7 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
         pair_name = DEFAULT_PAIR
     if pair_name:
         try:
-            from ..registry import resolve_pair
+            from ..hub.registry import resolve_pair
         except ImportError:
             raise click.UsageError("no model registry in this install: give -m TARGET.gguf [-md DRAFT.gguf]")
         target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False))
@@ -211,7 +215,7 @@ def parse_devices(value: str | None) -> tuple[str, ...] | None:
 def load_pair_from_options(opts: dict, use_default_pair: bool = False):
     """Load the pair the options describe (warns and continues on CPU when GPU layers were asked for but the
     installed llama.cpp cannot offload)."""
-    from ..engine import load_pair
+    from ..loading import load_pair
 
     target, draft, defaults = resolve_model_paths(opts, use_default_pair)
     n_gpu_layers = opts["n_gpu_layers"]
@@ -222,17 +226,13 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
             tensor_split = [float(x) for x in opts["tensor_split"].split(",")]
         except ValueError:
             raise click.BadParameter(f"not a list of numbers: {opts['tensor_split']!r}", param_hint="--tensor-split")
-    n_ctx = opts["n_ctx"] if opts.get("n_ctx") is not None else defaults.get("n_ctx", DEFAULT_N_CTX)
-    return load_pair(
-        target, draft,
-        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"),
-        n_ctx=n_ctx, n_batch=opts["n_batch"], n_threads=opts.get("n_threads"),
-        draft_n_threads=opts.get("draft_n_threads"), flash_attn=opts["flash_attn"],
-        cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"], main_gpu=opts["main_gpu"],
-        draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"], tensor_split=tensor_split,
-        rpc_servers=opts.get("rpc_servers"), no_repack=True if opts.get("no_repack") else None,
-        devices=parse_devices(opts.get("devices")), draft_device=opts.get("draft_device"),
-        policy=opts["policy"], draft_max=opts["draft_max"] if opts.get("draft_max") is not None else defaults.get("draft_max"),
-        draft_min=opts.get("draft_min"), draft_p_min=opts.get("draft_p_min"),
-        drafter=opts.get("drafter") or "model", verbose=opts.get("verbose", False),
-    )
+    config = LoadConfig().replace(**defaults).replace(
+        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"), n_ctx=opts.get("n_ctx"),
+        n_batch=opts["n_batch"], n_threads=opts.get("n_threads"), draft_n_threads=opts.get("draft_n_threads"),
+        flash_attn=opts["flash_attn"], cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"],
+        main_gpu=opts["main_gpu"], draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"],
+        tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
+        draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
+        policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
+        draft_p_min=opts.get("draft_p_min"), drafter=opts.get("drafter"), verbose=opts.get("verbose", False))
+    return load_pair(target, draft, config=config)

@@ -13,7 +13,7 @@ from .options import Command, handle_errors, load_pair_from_options, pair_option
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """PROMPT, the text of -f FILE, or stdin for `-` (either form)."""
-    from ..prompts import PromptFileError
+    from ..bench.prompts import PromptFileError
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt as an argument or with -f FILE, not both")
@@ -34,7 +34,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 
 def chat_tokens(pair, messages: list[dict]) -> list[int]:
     """The conversation rendered with the chat template embedded in the target GGUF, as token ids."""
-    from ..chat import ChatTemplate
+    from ..chat_template import ChatTemplate
 
     template = ChatTemplate.from_model_info(pair.target.info)
     rendered = template.render(messages)

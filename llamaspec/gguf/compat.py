@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gguf_meta import VOCAB_CHECK_START_ID, VOCAB_MAX_SIZE_DIFFERENCE, ModelInfo, pair_mismatch
+from .reader import VOCAB_CHECK_START_ID, VOCAB_MAX_SIZE_DIFFERENCE, ModelInfo, pair_mismatch
 
 
 @dataclass(frozen=True)

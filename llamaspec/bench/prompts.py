@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import LlamaspecError
+from ..errors import LlamaspecError
 
 CODE = (
     "Write a Python function `is_palindrome(s: str) -> bool` that ignores case and punctuation, with a docstring "

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from .errors import IncompatiblePairError, InvalidParameterError, ModelFileError, UnsupportedModelError
-from .gguf_meta import DEFAULT_ALIGNMENT, ModelInfo, pair_mismatch, read_model_info
+from ..errors import IncompatiblePairError, InvalidParameterError, ModelFileError, UnsupportedModelError
+from .reader import DEFAULT_ALIGNMENT, ModelInfo, pair_mismatch, read_model_info
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",

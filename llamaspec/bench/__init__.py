@@ -11,10 +11,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .chat import ChatTemplate
-from .errors import InvalidParameterError
-from .policy import POLICY_NAMES, DraftPolicy, FixedPolicy, make_policy
-from .stats import GenerationStats
+from ..chat_template import ChatTemplate
+from ..errors import InvalidParameterError
+from ..policy import POLICY_NAMES, DraftPolicy, FixedPolicy, make_policy
+from ..stats import GenerationStats
 
 WARMUP_TOKENS = 8
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from .errors import IncompatiblePairError, ModelFileError
+from ..errors import IncompatiblePairError, ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .errors import InvalidParameterError
-from .gguf_meta import ModelInfo
+from ..config import CACHE_TYPES
+from ..errors import InvalidParameterError
+from .reader import ModelInfo
 
 GiB = 2**30
 MiB = 2**20
@@ -28,15 +29,14 @@ DEFAULT_VRAM_GB = 24.0
 # CUDA context, cuBLAS workspace and the like: not in any llama.cpp buffer, a rough per-process estimate.
 GPU_RUNTIME_OVERHEAD = 400 * MiB
 ATTENTION_SLACK = 1.1
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 _LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 _OUTPUT_TENSORS = ("output.weight", "output_norm.weight", "output.bias", "output_norm.bias")
 
 
 def kv_bytes_per_element(kv_type: str) -> float:
     """f16 = 2, q8_0 = 34/32, q4_0 = 18/32, ... (block bytes / block elements)."""
-    if kv_type not in KV_TYPES:
-        raise InvalidParameterError(f"KV cache type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    if kv_type not in CACHE_TYPES:
+        raise InvalidParameterError(f"KV cache type must be one of {', '.join(CACHE_TYPES)}, got {kv_type!r}")
     block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[kv_type.upper()]]
     return type_size / block_size
 

@@ -32,10 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .chat import ChatTemplate
-from .errors import ContextOverflowError, InvalidParameterError, LlamaspecError
+from ..chat_template import ChatTemplate
+from ..errors import ContextOverflowError, InvalidParameterError, LlamaspecError
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .policy import POLICY_NAMES, make_policy
+from ..policy import POLICY_NAMES, make_policy
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "length"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")

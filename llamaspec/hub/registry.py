@@ -24,13 +24,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .errors import RegistryError
+from ..config import CACHE_TYPES, POLICY_NAMES
+from ..errors import RegistryError
 
 FILE_NAME = "models.toml"
 CONFIG_DIR_ENV = "LLAMASPEC_CONFIG_DIR"
 DEFAULT_PAIR = "default"
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
-POLICIES = ("auto", "fixed", "confidence", "threshold")
 DISK_MARGIN_BYTES = 256 * 2**20
 HUB_URL = "https://huggingface.co"
 
@@ -133,7 +132,7 @@ class PairEntry:
 # ---------------------------------------------------------------------------------------------------------------
 
 def shipped_models_path() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent   # the llamaspec package
     for candidate in (here / FILE_NAME, here.parent / FILE_NAME):  # wheel, then checkout
         if candidate.is_file():
             return candidate
@@ -294,7 +293,7 @@ def _check_values(where: str, entry: PairEntry) -> None:
         (entry.vram_gb < 0, f"vram_gb must be 0 or more, got {entry.vram_gb}"),
         (entry.cache_type_k not in CACHE_TYPES, f"cache_type_k must be one of {', '.join(CACHE_TYPES)}"),
         (entry.cache_type_v not in CACHE_TYPES, f"cache_type_v must be one of {', '.join(CACHE_TYPES)}"),
-        (entry.policy not in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {entry.policy!r}"),
+        (entry.policy not in POLICY_NAMES, f"policy must be one of {', '.join(POLICY_NAMES)}, got {entry.policy!r}"),
     ]
     for failed, message in problems:
         if failed:
@@ -376,7 +375,7 @@ def fetch(ref: ModelRef) -> Path:
 
 def pull(entry: PairEntry) -> tuple[Path, Path]:
     """Download both files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
-    from .gguf_meta import check_pair, read_model_info
+    from ..gguf.reader import check_pair, read_model_info
 
     target, draft = fetch(entry.target), fetch(entry.draft)
     check_pair(read_model_info(target), read_model_info(draft))

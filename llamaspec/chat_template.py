@@ -13,7 +13,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import LlamaspecError
-from .gguf_meta import ModelInfo
+from .gguf.reader import ModelInfo
 
 # Used when a GGUF carries no template: ChatML, which most instruction-tuned GGUFs understand.
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "

@@ -1,0 +1,20 @@
+"""The only package that imports llama_cpp. Above it, everything speaks token ids, numpy arrays and plain
+dataclasses; below it is llama.cpp.
+
+- `native`: the llama_cpp import, enums under llamaspec's names, backend start-up, llama.cpp's log callback.
+- `devices`: llama.cpp's device registry (GPUs, RPC servers) for placement.
+- `model`: a loaded GGUF (weights, vocabulary, tokenizer).
+- `context`: one sequence's cache; decode at explicit positions, logits as zero-copy views, `keep(n)`.
+- `rollback`: how a context's memory goes back to n tokens (the engine never learns which way).
+
+It knows nothing of drafting, acceptance or policies.
+"""
+from .context import Context
+from .devices import Device, add_rpc_servers, devices, rpc_hello, supports_rpc
+from .model import Model
+from .native import (default_threads, env_flag, init_backend, library_version, native_log, supports_gpu_offload,
+                     system_info)
+
+__all__ = ["Context", "Model", "Device", "devices", "add_rpc_servers", "rpc_hello", "supports_rpc",
+           "default_threads", "env_flag", "init_backend", "library_version", "native_log", "supports_gpu_offload",
+           "system_info"]

@@ -1,0 +1,263 @@
+"""One sequence's cache over a model: decode a batch at explicit positions, hand back logits rows as zero-copy numpy
+views or device-side argmaxes, and keep the first n tokens (the one rollback operation)."""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ContextOverflowError, DecodeError
+from .model import Model
+from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log
+from .rollback import Rollback, choose_rollback
+
+class Context:
+    """One sequence's KV cache over a model, with explicit positions.
+
+    `eval(tokens, logits)` appends tokens at positions n_past.. and returns the logits rows asked for as a view
+    into llama.cpp's buffer, valid until the next eval. `keep(n)` drops every position >= n, the way the model's
+    memory allows (`rollback`, chosen when the context is made).
+    """
+
+    def __init__(self, model: Model, options: ModelConfig = ModelConfig()):
+        self.model = model
+        self.options = options
+        self._ptr = None
+        self._argmax_sampler = None  # a greedy sampler chain attached to seq 0 (set_device_argmax)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = options.n_ctx
+        params.n_batch = options.n_batch
+        params.n_ubatch = options.n_batch
+        params.n_seq_max = 1
+        threads = options.n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = FLASH_ATTN[options.flash_attn]
+        params.type_k = CACHE_TYPE_IDS[options.cache_type_k]
+        params.type_v = CACHE_TYPE_IDS[options.cache_type_v]
+        params.no_perf = True
+        if hasattr(params, "n_outputs_max_per_seq"):
+            params.n_outputs_max_per_seq = 0  # = n_batch: device argmax of every verified row (set_device_argmax)
+
+        with native_log() as log:
+            ptr = llama_cpp.llama_init_from_model(model._ptr, params)
+        self.load_log = "".join(log)
+        if not ptr:
+            raise load_error("".join(log), f"{model.path}: llama.cpp could not create a context of "
+                              f"{options.n_ctx} tokens", "use a smaller context (-c), a quantized KV cache "
+                              "(-ctk q8_0 -ctv q8_0), or fewer GPU layers")
+        self._ptr = ptr
+        self.memory = llama_cpp.llama_get_memory(ptr)
+        self.rollback = choose_rollback(model, params)
+        self._before_decode = None if type(self.rollback).before_decode is Rollback.before_decode \
+            else self.rollback.before_decode
+        self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
+        self.n_batch = int(llama_cpp.llama_n_batch(ptr))  # llama.cpp lowers n_batch to n_ctx
+        self.n_vocab = model.n_vocab
+
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
+        self._nseq[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+
+        self.tokens: list[int] = []
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
+        self.decode_calls = 0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def eval(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
+        """Decode `tokens` at positions n_past.. ; logits: 'last', 'all' or 'none'.
+
+        Returns a (rows, n_vocab) float32 view (rows = 1 for 'last', len(tokens) for 'all'), or None.
+        """
+        if logits != "none" and self._argmax_sampler is not None:
+            self.set_device_argmax(False)  # logits wanted: llama.cpp must copy them out again
+        if len(tokens) == 1 and logits != "none":
+            return self._eval_one(int(tokens[0]))
+        ptr = self._decode(tokens, logits)
+        if logits == "none":
+            return None
+        return self._logits_view(ptr, len(tokens) if logits == "all" else 1)
+
+    def eval_argmax(self, tokens: Sequence[int], rows: str = "last") -> list[int]:
+        """Decode `tokens` and return the argmax token of the last row ('last') or of every row ('all'): greedy
+        decoding's only need. With `set_device_argmax(True)` llama.cpp takes the argmax on the device and no
+        logits are copied; otherwise numpy takes it from the logits."""
+        if self._argmax_sampler is None:
+            if len(tokens) == 1:
+                return [int(self._eval_one(int(tokens[0]))[0].argmax())]
+            return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
+                .argmax(axis=1).tolist()
+        if len(tokens) == 1:  # the drafting hot path
+            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+        else:
+            self._decode(tokens, rows)
+        get = llama_cpp.llama_get_sampled_token_ith
+        out = [get(self._ptr, i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+            else [get(self._ptr, -1)]
+        if min(out) < 0:
+            raise DecodeError("llama.cpp returned no argmax token for an output row")
+        return out
+
+    def set_device_argmax(self, on: bool) -> bool:
+        """Attach (or detach) a greedy sampler to the sequence so llama.cpp takes each output row's argmax on the
+        device (its backend sampling). Returns whether it is attached: builds or devices that cannot run it keep
+        the logits path. Any eval that asks for logits detaches it."""
+        if on == (self._argmax_sampler is not None):
+            return on
+        if on:
+            if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
+                return False
+            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            with native_log():
+                ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
+            if not ok:
+                llama_cpp.llama_set_sampler(self._ptr, 0, None)
+                llama_cpp.llama_sampler_free(chain)
+                return False
+            self._argmax_sampler = chain
+            return True
+        llama_cpp.llama_set_sampler(self._ptr, 0, None)
+        llama_cpp.llama_sampler_free(self._argmax_sampler)
+        self._argmax_sampler = None
+        return False
+
+    @property
+    def device_argmax(self) -> bool:
+        return self._argmax_sampler is not None
+
+    def _decode(self, tokens: Sequence[int], logits: str):
+        """Decode in chunks of n_batch; outputs: every row ('all'), the last row ('last') or none. Returns
+        llama.cpp's logits pointer after the last chunk when outputs were asked for (synchronised)."""
+        n = len(tokens)
+        if n == 0:
+            raise DecodeError("internal: eval of an empty batch")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
+        if logits == "all" and n > self.n_batch:
+            raise DecodeError(f"internal: {n} rows of logits asked for, batch size is {self.n_batch}")
+        tokens = np.asarray(tokens, dtype=np.int32)
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+        ptr = None
+        start = 0
+        if self._before_decode is not None:
+            self._before_decode(self, n)
+        while start < n:
+            chunk = tokens[start:start + self.n_batch]
+            m = len(chunk)
+            last_chunk = start + m == n
+            self._tok[:m] = chunk
+            self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
+            self._out[:m] = 1 if logits == "all" else 0
+            if logits == "last" and last_chunk:
+                self._out[m - 1] = 1
+            self._batch.n_tokens = m
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_decode(self._ptr, self._batch)
+            if rc == 0 and last_chunk and logits != "none":
+                if self._argmax_sampler is None:
+                    ptr = llama_cpp.llama_get_logits(self._ptr)  # synchronises with the device
+                else:
+                    llama_cpp.llama_synchronize(self._ptr)
+            self.decode_seconds += time.perf_counter() - t0
+            self.decode_calls += 1
+            if rc != 0:
+                self._decode_failed(rc, m)
+            self.tokens.extend(chunk.tolist())
+            start += m
+        return ptr
+
+    def _eval_one(self, token: int) -> np.ndarray:
+        """The drafting hot path: one token, its logits row."""
+        return self._logits_view(self._decode_one(token, sync=llama_cpp.llama_get_logits), 1)
+
+    def _decode_one(self, token: int, sync):
+        """Decode one token with its output row: plain ctypes stores, no numpy set-up. `sync(ctx)` runs right
+        after llama_decode and is timed with it (fetching the logits or the device argmax waits for the device);
+        returns what it returned."""
+        if not 0 <= token < self.n_vocab:
+            raise DecodeError(f"token id {token} out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+        b = self._batch
+        b.token[0] = token
+        b.pos[0] = len(self.tokens)
+        b.logits[0] = 1
+        b.n_tokens = 1
+        if self._before_decode is not None:
+            self._before_decode(self, 1)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ptr, b)
+        result = sync(self._ptr) if rc == 0 else None
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            self._decode_failed(rc, 1)
+        self.tokens.append(token)
+        return result
+
+    def _decode_failed(self, rc: int, m: int):
+        # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
+        if rc == 1:
+            raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
+                                       f"(context {self.n_ctx})")
+        if rc == 2:
+            raise KeyboardInterrupt
+        raise DecodeError(f"llama_decode failed with code {rc}")
+
+    def _logits_view(self, ptr, rows: int) -> np.ndarray:
+        """A numpy view of llama.cpp's logits buffer, made once per (address, rows): building one costs more
+        than the rest of a one-token eval's Python work."""
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
+
+    def keep(self, n: int) -> bool:
+        """Keep the first n tokens and drop the rest. False when the memory cannot (then nothing changed)."""
+        if n >= self.n_past:
+            return True
+        ok = self.rollback.keep(self, n)
+        if ok:
+            del self.tokens[n:]
+        return ok
+
+    def resync(self) -> None:
+        """Drop anything the cache may hold past the recorded tokens (after an interrupted eval)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.tokens.clear()
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            if self._argmax_sampler is not None:
+                self.set_device_argmax(False)
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+

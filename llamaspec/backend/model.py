@@ -1,0 +1,116 @@
+"""A loaded GGUF model: weights, vocabulary and tokenizer."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ModelLoadError
+from ..gguf.reader import ModelInfo, read_model_info
+from .devices import _device_list, add_rpc_servers, devices
+from .native import SPLIT_MODES, init_backend, llama_cpp, load_error, native_log
+
+class Model:
+    """A loaded GGUF model: weights, vocabulary and tokenizer."""
+
+    def __init__(self, path: str | os.PathLike, options: ModelConfig = ModelConfig(), info: ModelInfo | None = None):
+        init_backend()
+        self.path = Path(path).expanduser()
+        self.info = info or read_model_info(self.path)  # missing / not GGUF / truncated: ModelFileError
+        self.options = options
+        self._ptr = None
+
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers >= 0 else 0x7FFFFFFF
+        params.main_gpu = options.main_gpu
+        if options.split_mode not in SPLIT_MODES:
+            raise ModelLoadError(f"split mode {options.split_mode!r} needs a newer llama.cpp than this "
+                                 f"llama-cpp-python's (it has {', '.join(SPLIT_MODES)})")
+        params.split_mode = SPLIT_MODES[options.split_mode]
+        if options.split_mode == "tensor" and not any(d.kind == "gpu" for d in devices()):
+            raise ModelLoadError("split mode 'tensor' (tensor parallelism) needs GPUs, and llama.cpp sees none here")
+        if options.tensor_split:
+            n_max = llama_cpp.llama_max_devices()
+            if len(options.tensor_split) > n_max:
+                raise ModelLoadError(f"tensor split has {len(options.tensor_split)} entries; this build allows {n_max}")
+            self._tensor_split = (ctypes.c_float * n_max)(*options.tensor_split)
+            params.tensor_split = self._tensor_split
+        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        params.use_extra_bufts = not options.no_repack
+        if options.rpc_servers:
+            add_rpc_servers(options.rpc_servers)
+        if options.devices is not None:
+            self._devices = _device_list(options.devices)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+
+        with native_log() as log:
+            ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        self.load_log = "".join(log)  # llama.cpp's own account of the load (buffer sizes, warnings)
+        if not ptr:
+            raise load_error("".join(log), f"{self.path}: llama.cpp could not load this model",
+                              f"offload fewer layers (-ngl / n_gpu_layers, now {options.n_gpu_layers}) "
+                              "or use a smaller quantization")
+        self._ptr = ptr
+        self.vocab = llama_cpp.llama_model_get_vocab(ptr)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(ptr))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(ptr))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for tok in range(self.n_vocab):
+            # attribute lookups are cheap C calls; done once per model so is_eog is a table lookup afterwards
+            if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
+                self._eog[tok] = True
+
+    @property
+    def eog_ids(self) -> np.ndarray:
+        return np.flatnonzero(self._eog)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            if n < 0:
+                self._piece_buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, -n, 0, False)
+            piece = self._piece_buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            llama_cpp.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+

@@ -1,0 +1,114 @@
+"""llama.cpp itself: the import of llama_cpp, its enums under llamaspec's names, backend start-up, and llama.cpp's
+log while a model or context is created (kept for error messages instead of reaching the terminal)."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import sys
+import threading
+
+from ..config import CACHE_TYPES
+from ..errors import GPUOutOfMemoryError, ModelLoadError
+
+try:
+    import llama_cpp
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "llamaspec needs llama-cpp-python: pip install llama-cpp-python "
+        "(for NVIDIA GPUs: CMAKE_ARGS=\"-DGGML_CUDA=on\" pip install llama-cpp-python)"
+    ) from exc
+
+# ggml_type ids of the KV cache types (config.CACHE_TYPES)
+CACHE_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+assert set(CACHE_TYPE_IDS) == set(CACHE_TYPES)
+FLASH_ATTN = {"auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+              "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+               "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
+if hasattr(llama_cpp, "LLAMA_SPLIT_MODE_TENSOR"):  # tensor parallelism across GPUs, in newer llama.cpp
+    SPLIT_MODES["tensor"] = llama_cpp.LLAMA_SPLIT_MODE_TENSOR
+
+
+def default_threads() -> int:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return n if n <= 4 else n // 2
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# llama.cpp's log: one callback (llama_log_set) for the process. While a model or context is created the lines are
+# collected instead (native_log), so the terminal stays clean and a failure can be explained; otherwise errors go
+# to stderr, and everything with verbose (LLAMASPEC_VERBOSE=1), as llama-cpp-python's own callback does.
+# ---------------------------------------------------------------------------------------------------------------
+_LOG_STATE = {"verbose": env_flag("LLAMASPEC_VERBOSE"), "last_level": 0}
+_CAPTURES: list[list[str]] = []
+_INIT_LOCK = threading.Lock()
+_INITIALISED = False
+_LOG_ERROR, _LOG_CONT = 4, 5   # ggml_log_level: GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT (continues the last line)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level, text, user_data):  # pragma: no cover - called from C
+    message = text.decode("utf-8", errors="replace") if text else ""
+    if level != _LOG_CONT:
+        _LOG_STATE["last_level"] = level
+    if _CAPTURES:
+        _CAPTURES[-1].append(message)
+    elif _LOG_STATE["verbose"] or _LOG_STATE["last_level"] == _LOG_ERROR:
+        sys.stderr.write(message)
+        sys.stderr.flush()
+
+
+def init_backend(verbose: bool | None = None) -> None:
+    global _INITIALISED
+    if verbose is not None:
+        _LOG_STATE["verbose"] = verbose or env_flag("LLAMASPEC_VERBOSE")
+    with _INIT_LOCK:
+        if not _INITIALISED:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _INITIALISED = True
+
+
+@contextlib.contextmanager
+def native_log():
+    """Collect what llama.cpp logs while the block runs; yields the list of lines (live: a watcher may read it).
+    With verbose on, the lines reach stderr as well, afterwards."""
+    lines: list[str] = []
+    _CAPTURES.append(lines)
+    try:
+        yield lines
+    finally:
+        _CAPTURES.remove(lines)
+        if _LOG_STATE["verbose"]:
+            sys.stderr.write("".join(lines))
+            sys.stderr.flush()
+
+
+_OOM_PATTERN = re.compile(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory|"
+                          r"unable to allocate", re.IGNORECASE)
+
+
+def load_error(log: str, what: str, oom_hint: str) -> ModelLoadError:
+    if _OOM_PATTERN.search(log):
+        return GPUOutOfMemoryError(f"{what}: out of memory; {oom_hint}")
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return ModelLoadError(f"{what} ({lines[-1] if lines else 'no details from llama.cpp'})")
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def library_version() -> str:
+    return getattr(llama_cpp, "__version__", "unknown")
+

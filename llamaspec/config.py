@@ -1,0 +1,152 @@
+"""One configuration for loading a pair: what each model needs (placement, context, cache) and how to draft.
+
+`LoadConfig` is what `load_pair` builds from its keyword arguments, what the CLI options, the registry's named
+pairs and the server read their defaults and choices from. Every list of choices is declared here once. This module
+knows nothing about llama.cpp: the backend maps these names onto llama.cpp's enums.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+from .errors import InvalidParameterError
+
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+FLASH_ATTN_MODES = ("auto", "on", "off")
+SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
+POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
+# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/)
+DRAFTER_KINDS = ("model", "lookup", "lookup+model")
+
+DEFAULT_N_CTX = 4096
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How one model (target or draft) is loaded and what its context holds."""
+
+    # placement (llama.cpp's model parameters)
+    n_gpu_layers: int = -1                   # -1 = all (ignored by a CPU-only build)
+    main_gpu: int = 0
+    split_mode: str = "layer"                # one of SPLIT_MODES
+    tensor_split: tuple[float, ...] | None = None
+    devices: tuple[str, ...] | None = None   # offload only to these ("CUDA1", "RPC0"); () = none; None = all
+    rpc_servers: str | None = None           # "host:port,..." for llama.cpp's RPC backend
+    use_mmap: bool = True
+    no_repack: bool = False                  # True turns off llama.cpp's CPU weight repacking
+    # context (llama.cpp's context parameters)
+    n_ctx: int = DEFAULT_N_CTX
+    n_batch: int = 512
+    n_threads: int | None = None             # None: physical cores
+    flash_attn: str = "auto"                 # one of FLASH_ATTN_MODES
+    cache_type_k: str = "f16"                # one of CACHE_TYPES
+    cache_type_v: str = "f16"
+    n_rs_seq: int = 0                        # recurrent-state snapshots kept for rollback (hybrid models)
+
+    def __post_init__(self):
+        _choice("split_mode", self.split_mode, SPLIT_MODES)
+        _choice("flash_attn", self.flash_attn, FLASH_ATTN_MODES)
+        _choice("cache_type_k", self.cache_type_k, CACHE_TYPES)
+        _choice("cache_type_v", self.cache_type_v, CACHE_TYPES)
+        for name in ("n_ctx", "n_batch"):
+            _int(name, getattr(self, name), 1)
+        _int("n_rs_seq", self.n_rs_seq, 0)
+        if self.n_threads is not None:
+            _int("n_threads", self.n_threads, 1)
+        if self.tensor_split is not None:
+            object.__setattr__(self, "tensor_split", tuple(float(x) for x in self.tensor_split))
+        if self.devices is not None and not isinstance(self.devices, tuple):
+            object.__setattr__(self, "devices", tuple(self.devices))
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# load_pair's keyword arguments for the draft: `draft_<name>` overrides the draft's copy of the target's setting
+_DRAFT_OVERRIDES = ("n_gpu_layers", "main_gpu", "n_ctx", "n_threads")
+_MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Everything `load_pair` needs besides the two paths.
+
+    `target` configures the target; the draft runs with the same context and cache settings unless `draft` is
+    given: on the target's main GPU, unsplit (`draft_config()`). `draft_device` puts the whole draft on one device.
+    """
+
+    target: ModelConfig = field(default_factory=ModelConfig)
+    draft: ModelConfig | None = None
+    draft_device: str | None = None
+    policy: str = "auto"                     # one of POLICY_NAMES (or a DraftPolicy passed to load_pair)
+    draft_max: int | None = None             # draft length (fixed) or its maximum (other policies)
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+    drafter: str = "model"                   # one of DRAFTER_KINDS
+    verbose: bool = False
+
+    def __post_init__(self):
+        _choice("policy", self.policy, POLICY_NAMES)
+        _choice("drafter", self.drafter, DRAFTER_KINDS)
+        for name in ("draft_max", "draft_min"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 0)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "LoadConfig":
+        """Build from load_pair-style keywords: the ModelConfig names for the target, `draft_<name>` for the draft's
+        own n_gpu_layers / main_gpu / n_ctx / n_threads, and the LoadConfig names."""
+        return cls().replace(**kwargs)
+
+    def replace(self, **kwargs) -> "LoadConfig":
+        """A copy with load_pair-style keywords changed (see from_kwargs); None leaves a setting as it is."""
+        target, draft, own = {}, {}, {}
+        for name, value in kwargs.items():
+            if value is None:
+                continue
+            if name in _MODEL_FIELDS:
+                target[name] = value
+            elif name.startswith("draft_") and name[6:] in _DRAFT_OVERRIDES:
+                draft[name[6:]] = value
+            elif name in _LOAD_FIELDS and name not in ("target", "draft"):
+                own[name] = value
+            else:
+                raise InvalidParameterError(f"unknown setting {name!r}", param=name)
+        config = dataclasses.replace(self, target=self.target.replace(**target), **own)
+        if draft:
+            config = dataclasses.replace(config, draft=(config.draft or config._derived_draft()).replace(**draft))
+        return config
+
+    def _derived_draft(self) -> ModelConfig:
+        t = self.target
+        return t.replace(split_mode="none" if self.draft_device is not None else t.split_mode,
+                         tensor_split=None, rpc_servers=None, devices=None)
+
+    def draft_config(self) -> ModelConfig:
+        """The draft's settings: `draft` as given, else the target's without its multi-device placement."""
+        config = self.draft if self.draft is not None else self._derived_draft()
+        if self.draft is not None and config.main_gpu != self.target.main_gpu:
+            config = config.replace(split_mode="none")
+        return config
+
+    def as_kwargs(self) -> dict:
+        """The load_pair keywords that rebuild this configuration (for printing and reports)."""
+        out = {f: getattr(self.target, f) for f in _MODEL_FIELDS}
+        draft = self.draft_config()
+        out.update({f"draft_{f}": getattr(draft, f) for f in _DRAFT_OVERRIDES})
+        out.update({f: getattr(self, f) for f in _LOAD_FIELDS if f not in ("target", "draft")})
+        return out
+
+
+_LOAD_FIELDS = tuple(f.name for f in fields(LoadConfig))
+
+
+def _choice(name: str, value, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise InvalidParameterError(f"{name} must be one of {', '.join(choices)}, got {value!r}", param=name)
+
+
+def _int(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}", param=name)

@@ -1,0 +1,48 @@
+"""Where draft tokens come from. Every kind implements `Drafter` (keep in step with the history, propose up to k
+tokens with their distributions when sampling, learn how many were accepted) and is named once in `DRAFTERS`;
+`make_drafter` builds one. A new kind is one new module plus one line in `DRAFTERS`.
+
+Drafters know nothing about acceptance rules, policies or the target's cache.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..config import DRAFTER_KINDS
+from ..errors import InvalidParameterError
+from .base import Draft, Drafter, Sampling, common_prefix_len
+from .lookup import CombinedDrafter, PromptLookupDrafter
+from .model import ModelDrafter
+
+
+def _model(target, draft_ctx):
+    return ModelDrafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
+
+
+def _lookup(target, draft_ctx):
+    return PromptLookupDrafter(n_vocab=target.n_vocab)
+
+
+def _lookup_model(target, draft_ctx):
+    model = _model(target, draft_ctx)
+    return CombinedDrafter(_lookup(target, draft_ctx), model) if model else _lookup(target, draft_ctx)
+
+
+# drafter kind -> builder(target model, draft context or None) -> Drafter or None (nothing to draft with)
+DRAFTERS: dict[str, Callable] = {
+    "model": _model,
+    "lookup": _lookup,
+    "lookup+model": _lookup_model,
+}
+assert tuple(DRAFTERS) == DRAFTER_KINDS
+
+
+def make_drafter(kind: str, target, draft_ctx=None) -> Drafter | None:
+    """The drafter of `kind` for `target` (a backend Model) and the draft model's context, if there is one."""
+    if kind not in DRAFTERS:
+        raise InvalidParameterError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}", param="drafter")
+    return DRAFTERS[kind](target, draft_ctx)
+
+
+__all__ = ["Draft", "Drafter", "Sampling", "DRAFTERS", "make_drafter", "common_prefix_len", "ModelDrafter",
+           "PromptLookupDrafter", "CombinedDrafter"]

@@ -1,0 +1,81 @@
+"""The drafter contract and what it hands back."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sampling import SamplerConfig
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling mode of a generation: the filter settings and the random stream (greedy has none)."""
+
+    config: SamplerConfig
+    rng: np.random.Generator
+
+
+@dataclass
+class Draft:
+    """Proposed tokens; in sampling mode, row i of `probs` is the distribution token i was drawn from (the q of
+    the rejection rule, over the target's vocabulary). `setup_seconds`: time spent catching up on the history,
+    not a per-token cost (the policy leaves it out)."""
+
+    tokens: list[int]
+    probs: np.ndarray | None = None
+    setup_seconds: float = 0.0
+
+
+NO_DRAFT = Draft([])
+
+
+class Drafter(abc.ABC):
+    """One source of draft tokens. Per generation: `begin`, then per step `propose` and `accepted`."""
+
+    kind = "base"            # its name in config.DRAFTER_KINDS
+    contexts: tuple = ()     # llama.cpp contexts it owns (their decode time counts as the engine's)
+
+    def begin(self, history: list[int], sampling: Sampling | None, p_min: float, prefill: bool) -> None:
+        """A generation starts after `history` (already in the target's cache). `prefill`: catch up now, the
+        first step will draft; otherwise catch up lazily when first asked."""
+
+    @abc.abstractmethod
+    def propose(self, history: list[int], last: int, max_len: int, p_min: float) -> Draft:
+        """Up to `max_len` tokens to follow history + [last]; stop early below confidence `p_min` (if it can)."""
+
+    def accepted(self, n_accepted: int) -> None:
+        """The target kept the first `n_accepted` proposed tokens: drop what followed them."""
+
+    def reset(self) -> None:
+        """Forget everything cached (the conversation was reset)."""
+
+    def close(self) -> None:
+        """Free what it holds."""
+
+
+def common_prefix_len(a, b, start: int = 0) -> int:
+    """Length of the common prefix of two token sequences, assuming the first `start` tokens are known equal."""
+    n = min(len(a), len(b))
+    start = min(start, n)
+    if start == n:
+        return n
+    x = np.asarray(a[start:n], dtype=np.int64)
+    y = np.asarray(b[start:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return start + (int(diff[0]) if len(diff) else n - start)
+
+
+class ProbsBuffer:
+    """Rows of draft distributions over the target's vocabulary, allocated once and grown when a longer draft
+    needs more rows."""
+
+    def __init__(self, n_vocab: int):
+        self.n_vocab = n_vocab
+        self._rows = np.zeros((0, n_vocab), dtype=np.float32)
+
+    def rows(self, n: int) -> np.ndarray:
+        if self._rows.shape[0] < n:
+            self._rows = np.zeros((max(n, 2 * self._rows.shape[0], 8), self.n_vocab), dtype=np.float32)
+        return self._rows

@@ -1,0 +1,116 @@
+"""Drafting with a small model of the same tokenizer, whose cache follows the committed history."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..sampling import filtered_probs, max_prob, sample_from
+from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a small model; accepted tokens are never re-decoded.
+
+    The cache holds history[offset:] (offset is 0 unless the draft fell far behind or ran out of context): after a
+    long stretch without drafting (the policy had turned speculation off), catching up on every missed token would
+    cost as much as drafting them, so the draft restarts on the last `window` tokens instead. Its positions are its
+    own, so a window is a valid (shorter) context.
+    """
+
+    kind = "model"
+
+    def __init__(self, ctx, n_vocab_target: int, window: int = 64, max_catchup: int = 128):
+        self.ctx = ctx
+        self.contexts = (ctx,)
+        self.n_vocab = ctx.n_vocab
+        self.n_vocab_target = n_vocab_target
+        self.window, self.max_catchup = window, max_catchup
+        self.offset = 0           # history index of the cache's first token
+        self._known_equal = 0     # ctx.tokens[:known_equal] == history[offset:offset + known_equal]
+        self._base = 0            # cache length before the last proposal's `last`
+        self._sampling: Sampling | None = None
+        self._probs = ProbsBuffer(n_vocab_target)
+        self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)   # for the confidence stop
+
+    # -- keeping in step ---------------------------------------------------------------------------------------
+    def begin(self, history, sampling, p_min, prefill) -> None:
+        self._sampling = sampling
+        self._known_equal = 0     # a new generation: the history may have changed anywhere
+        # greedy without a confidence stop needs only argmaxes: let llama.cpp take them on the device
+        self.ctx.set_device_argmax(sampling is None and p_min <= 0)
+        if prefill:
+            self.offset = 0
+            missing = self._align(history, extra=1, limit=None)
+            if missing:
+                self.ctx.eval(missing, logits="none")
+            self._known_equal = self.ctx.n_past
+
+    def _align(self, history: list[int], extra: int, limit: int | None) -> list[int]:
+        """Drop what the cache holds beyond its common prefix with history; return what it still has to decode.
+        More than `limit` tokens missing, or no room for `extra` more: restart on the last `window` tokens."""
+        rel = history[self.offset:] if self.offset else history
+        common = common_prefix_len(self.ctx.tokens, rel, self._known_equal)
+        missing = len(rel) - common
+        behind = limit is not None and missing > limit
+        too_long = len(rel) + extra > self.ctx.n_ctx
+        if behind or too_long or not self.ctx.keep(common):
+            self.ctx.clear()
+            self.offset = max(0, len(history) - self.window) if (behind or too_long) else 0
+            rel, common = history[self.offset:], 0
+        return rel[common:]
+
+    def accepted(self, n_accepted: int) -> None:
+        # the cache holds history[offset:] + [last] + the drafts it decoded: keep [last] and the accepted ones
+        self.ctx.keep(min(self._base + 1 + n_accepted, self.ctx.n_past))
+        self._known_equal = self.ctx.n_past
+
+    def reset(self) -> None:
+        self.ctx.clear()
+        self.offset = self._known_equal = 0
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.ctx.model.close()
+
+    # -- drafting ----------------------------------------------------------------------------------------------
+    def propose(self, history, last, max_len, p_min) -> Draft:
+        t0 = time.perf_counter()
+        missing = self._align(history, max_len + 1, self.max_catchup)
+        self._base = len(history) - self.offset
+        if self._sampling is None and p_min <= 0 and self.ctx.device_argmax:
+            return self._propose_argmax(missing, last, max_len, t0)
+        # catch up on what the target accepted since the last draft, and decode `last`, in one batch
+        logits = self.ctx.eval(missing + [last], logits="last")[0]
+        setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
+        sampling = self._sampling
+        probs = self._probs.rows(max_len) if sampling is not None else None
+        drafted: list[int] = []
+        for i in range(max_len):
+            if sampling is None:
+                token = int(logits.argmax())
+                confidence = max_prob(logits, self._scratch, logits[token]) if p_min > 0 else 1.0
+            else:
+                q = probs[i]
+                if self.n_vocab < len(q):  # the target's vocabulary is padded beyond the draft's
+                    q[self.n_vocab:] = 0.0
+                filtered_probs(logits, sampling.config, out=q[:self.n_vocab])
+                token = sample_from(q, sampling.rng)
+                confidence = float(q.max()) if p_min > 0 else 1.0
+            if confidence < p_min or token >= self.n_vocab_target:
+                break  # the draft is unsure (llama.cpp's p_min rule), or proposes a token the target lacks
+            drafted.append(token)
+            if i + 1 == max_len:
+                break
+            logits = self.ctx.eval([token], logits="last")[0]
+        return Draft(drafted, probs[:len(drafted)] if probs is not None else None, setup)
+
+    def _propose_argmax(self, missing: list[int], last: int, max_len: int, t0: float) -> Draft:
+        """Greedy drafting without a confidence stop: llama.cpp takes each argmax on the device, no logits move."""
+        token = self.ctx.eval_argmax(missing + [last])[0]
+        setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
+        drafted = [token]
+        while len(drafted) < max_len and token < self.n_vocab_target:
+            token = self.ctx.eval_argmax([token])[0]
+            drafted.append(token)
+        return Draft(drafted if drafted[-1] < self.n_vocab_target else drafted[:-1], None, setup)

@@ -1,0 +1,86 @@
+"""Loading a pair: check the two files' headers, load both models with one LoadConfig, make their contexts, and
+pick the drafter. Everything about placement is llama.cpp's own; this module only decides what goes where."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .config import LoadConfig
+from .drafters import make_drafter
+from .engine import Pair
+from .errors import UnsupportedModelError
+from .gguf.reader import ModelInfo, check_pair, read_model_info
+from .policy import DraftPolicy, make_policy
+
+
+def _is_pair_name(name) -> bool:
+    text = str(name)
+    return not text.endswith(".gguf") and "/" not in text and "\\" not in text and not Path(text).exists()
+
+
+def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | None = None,
+              policy: str | DraftPolicy | None = None, **settings) -> Pair:
+    """Load a target and (optionally) a draft GGUF; the pair is checked from the file headers before any weights
+    load. Settings come as a `LoadConfig` (`config=`), as its keyword names (`n_ctx=8192`, `draft_n_gpu_layers=0`,
+    `cache_type_k="q8_0"`, ...), or both (keywords win). `no_repack=True` (or LLAMASPEC_NO_REPACK=1) turns off
+    llama.cpp's CPU weight repacking. `policy` is a policy name or a DraftPolicy object.
+
+    Placement is llama.cpp's own: `split_mode`/`tensor_split`/`main_gpu` spread the target over local GPUs,
+    `rpc_servers` adds llama.cpp rpc-servers as devices for the target, `devices` names the target's devices
+    ("CUDA0,CUDA1"), and `draft_device` puts the whole draft on one device. With RPC servers and no draft device,
+    the draft stays on the local GPUs: a draft token must not wait on the network."""
+    from .backend import Context, Model, devices, env_flag, init_backend
+
+    policy_obj = policy if isinstance(policy, DraftPolicy) else None
+    if isinstance(policy, str):
+        settings["policy"] = policy
+    if settings.get("no_repack") is None and env_flag("LLAMASPEC_NO_REPACK"):
+        settings["no_repack"] = True
+    config = (config or LoadConfig()).replace(**settings)
+    init_backend(config.verbose)
+    if draft is None and _is_pair_name(target):
+        from .hub.registry import resolve_pair  # a named pair from models.toml, downloaded on first use
+
+        target, draft, defaults = resolve_pair(target, assume_yes=True)
+        config = LoadConfig().replace(**defaults).replace(**settings)
+
+    # 1. headers: both files readable, the pair compatible, before any weights load
+    target_info = read_model_info(target)
+    draft_info: ModelInfo | None = None
+    if draft is not None:
+        draft_info = read_model_info(draft)
+        check_pair(target_info, draft_info)
+    if policy_obj is None:
+        policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min)
+
+    # 2. the target
+    target_model = Model(target, config.target, info=target_info)
+    target_ctx = Context(target_model, config.target)
+    if draft is None and config.drafter == "model":
+        return Pair(target_model, target_ctx, None, policy_obj)
+    if not target_ctx.rollback.speculative:
+        name = target_ctx.rollback.describe()
+        target_ctx.close()
+        target_model.close()
+        raise UnsupportedModelError(
+            f"{target}: its memory cannot drop rejected draft tokens (rollback: {name}), so speculative decoding "
+            "is not supported with it (run it without a draft)")
+
+    # 3. the draft model, on local devices unless told otherwise
+    draft_ctx = None
+    if draft is not None:
+        draft_config = config.draft_config()
+        draft_devices: Sequence[str] | None = None
+        if config.draft_device is not None:
+            draft_devices = (config.draft_device,)
+        elif config.target.rpc_servers:
+            draft_devices = tuple(d.name for d in devices() if d.kind == "gpu" and d.backend != "RPC")
+        draft_model = Model(draft, draft_config.replace(devices=draft_devices), info=draft_info)
+        draft_ctx = Context(draft_model, draft_config)
+        if not draft_ctx.rollback.speculative:
+            name = draft_ctx.rollback.describe()
+            for obj in (draft_ctx, draft_model, target_ctx, target_model):
+                obj.close()
+            raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
+                                        "it cannot serve as a draft model")
+    return Pair(target_model, target_ctx, make_drafter(config.drafter, target_model, draft_ctx), policy_obj)
