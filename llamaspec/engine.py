@@ -22,7 +22,7 @@ from .errors import ContextOverflowError, InvalidParameterError
 from .policy import DraftPolicy, FixedPolicy, make_policy
 from .sampling import SamplerConfig, filtered_probs
 from .stats import GenerationStats
-from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: part of the engine's API)
+from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
 from .verify import accept_greedy, accept_rejection
 
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from gguf import GGUFWriter
 from hf_standin import COMMIT, HubStandin
 
-from llamaspec.hub import registry
+from llamaspec.hub import download, registry
 from llamaspec.errors import IncompatiblePairError, RegistryError
 
 REPO = "llamaspec-test/tiny-GGUF"
@@ -336,13 +336,12 @@ def test_resolve_pair_without_terminal_or_yes_says_how_to_download(hub, tiny_pai
     assert hub.requests == []
 
 
-def test_resolve_pair_asks_on_a_terminal_and_no_downloads_nothing(hub, tiny_pairs, monkeypatch):
-    monkeypatch.setattr(registry, "_stdin_is_tty", lambda: True)
-    with CliRunner().isolation(input="n\n"), pytest.raises(RegistryError, match="download declined"):
-        registry.resolve_pair("tiny")
-    assert hub.requests == []
-    with CliRunner().isolation(input="y\n"):
-        target, _, _ = registry.resolve_pair("tiny")
+def test_resolve_pair_asks_through_its_confirm_callback_and_no_downloads_nothing(hub, tiny_pairs):
+    asked = []
+    with pytest.raises(RegistryError, match="download declined"):
+        registry.resolve_pair("tiny", confirm=lambda q: asked.append(q) or False)
+    assert hub.requests == [] and "Download now?" in asked[0]
+    target, _, _ = registry.resolve_pair("tiny", confirm=lambda q: True)
     assert Path(target).is_file()
 
 
@@ -393,7 +392,7 @@ def test_unreachable_hub_is_one_line(tiny_pairs):
 
 
 def test_not_enough_disk_space_is_refused_before_downloading(hub, tiny_pairs, monkeypatch):
-    monkeypatch.setattr(registry, "_free_bytes", lambda path: 1_000_000)
+    monkeypatch.setattr(download, "_free_bytes", lambda path: 1_000_000)
     line = error_line(models_cli("pull", "tiny"))
     assert "not enough disk space for llamaspec-test/tiny-GGUF/tiny-target.gguf" in line
     assert hub.gets("tiny-target.gguf") == []

@@ -180,12 +180,21 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
             from ..hub.registry import resolve_pair
         except ImportError:
             raise click.UsageError("no model registry in this install: give -m TARGET.gguf [-md DRAFT.gguf]")
-        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False))
+        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False),
+                                               confirm=confirm_on_terminal())
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     if opts.get("no_draft"):
         draft = None
     return str(target), (str(draft) if draft else None), defaults
+
+
+def confirm_on_terminal():
+    """A yes/no question for the library to ask through (None without a terminal: the library then says how to
+    go on instead of asking)."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        return None
+    return lambda question: click.confirm(question, default=True, err=True)
 
 
 def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_gpu_layers: int | None) -> None:
