@@ -95,38 +95,30 @@ class PromptTokenizer:
     def tokenize(self, segments: list[tuple[str, bool]], add_special: bool,
                  cancelled: threading.Event | None = None) -> list[int]:
         """Token ids for the concatenated `segments` ((text, trusted) pairs), BOS/EOS as the model adds them when
-        `add_special`. Raises ContextOverflowError once the prompt is known to leave no room to generate."""
-        limit = self.n_ctx - 1  # the engine needs one free position for the first generated token
+        `add_special`. Raises ContextOverflowError once the prompt is known to leave no room to generate:
+        the tokens so far plus a lower bound for the text still to go (its bytes / the most bytes a token covers)."""
+        count = _Count(self, self.n_ctx - 1, cancelled)  # the engine needs one free position to generate into
         if self._any_max is not None:
-            n_bytes = sum(len(text.encode("utf-8")) for text, _ in segments)
-            if n_bytes > limit * self._any_max:
-                self._overflow(math.ceil(n_bytes / self._any_max))
-        out = list(self._prefix) if add_special else []
+            count.bytes_left = sum(len(text.encode("utf-8")) for text, _ in segments)
+        count.add(self._prefix if add_special else [], 0)
         pending: list[str] = []      # plain text since the last special token
         strip_next = False           # the last special token eats the whitespace after it
         for text, trusted in segments:
             pattern = self._any if trusted else self._user_defined
             pos = 0
-            for n, match in enumerate(pattern.finditer(text) if pattern is not None else ()):
+            for match in pattern.finditer(text) if pattern is not None else ():
                 strip_next = self._plain(pending, text[pos:match.start()], strip_next)
                 token = self._special[match.group()]
                 if token.lstrip and pending:
                     run = "".join(pending).rstrip(_C_SPACE)
                     pending[:] = [run] if run else []
-                self._flush(pending, out, limit, cancelled)
-                out.append(token.id)
-                if len(out) > limit:
-                    self._overflow(len(out))
-                if n % 1024 == 1023 and cancelled is not None and cancelled.is_set():
-                    raise Cancelled()
+                self._flush(pending, count)
+                count.add([token.id], len(match.group().encode("utf-8")))
                 strip_next, pos = token.rstrip, match.end()
             strip_next = self._plain(pending, text[pos:], strip_next)
-        self._flush(pending, out, limit, cancelled)
-        if add_special:
-            out.extend(self._suffix)
-        if len(out) > limit:
-            self._overflow(len(out))
-        return out
+        self._flush(pending, count)
+        count.add(self._suffix if add_special else [], 0)
+        return count.out
 
     @staticmethod
     def _plain(pending: list[str], text: str, strip: bool) -> bool:
@@ -137,21 +129,19 @@ class PromptTokenizer:
             pending.append(text)
         return strip
 
-    def _flush(self, pending: list[str], out: list[int], limit: int, cancelled) -> None:
+    def _flush(self, pending: list[str], count: "_Count") -> None:
         if not pending:
             return
         run = "".join(pending)
         pending.clear()
         if self._plain_max is not None:
             n_bytes = len(run.encode("utf-8"))
-            if n_bytes > (limit - len(out)) * self._plain_max:
-                self._overflow(len(out) + math.ceil(n_bytes / self._plain_max))
+            if n_bytes > (count.limit - len(count.out)) * self._plain_max:
+                self._overflow(len(count.out) + math.ceil(n_bytes / self._plain_max))
         for chunk in self._chunks(run):
-            if cancelled is not None and cancelled.is_set():
-                raise Cancelled()
-            out.extend(self.model.tokenize(chunk, add_special=False, parse_special=False))
-            if len(out) > limit:
-                self._overflow(len(out))
+            count.check_cancelled()
+            tokens = self.model.tokenize(chunk, add_special=False, parse_special=False)
+            count.add(tokens, len(chunk.encode("utf-8")) if count.bytes_left is not None else 0)
 
     def _chunks(self, run: str) -> Iterable[str]:
         """`run` in pieces of at most CHUNK_CHARS, cut after a line break or before a space between words, where
@@ -175,6 +165,32 @@ class PromptTokenizer:
         raise ContextOverflowError(
             f"the prompt is at least {n_tokens} tokens but the context holds {self.n_ctx}; "
             "shorten the prompt or raise the context size (-c / n_ctx)")
+
+
+class _Count:
+    """The tokens of one prompt so far, and the bytes still to tokenize (None where bytes bound nothing)."""
+
+    def __init__(self, tokenizer: PromptTokenizer, limit: int, cancelled: threading.Event | None):
+        self.tokenizer, self.limit, self.cancelled = tokenizer, limit, cancelled
+        self.out: list[int] = []
+        self.bytes_left: int | None = None
+        self._adds = 0
+
+    def add(self, tokens: list[int], n_bytes: int) -> None:
+        self.out.extend(tokens)
+        at_least = len(self.out)
+        if self.bytes_left is not None:
+            self.bytes_left -= n_bytes
+            at_least += math.ceil(self.bytes_left / self.tokenizer._any_max)
+        if at_least > self.limit:
+            self.tokenizer._overflow(at_least)
+        self._adds += 1
+        if self._adds % 1024 == 0:
+            self.check_cancelled()
+
+    def check_cancelled(self) -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise Cancelled()
 
 
 # -----------------------------------------------------------------------------------------------------------
