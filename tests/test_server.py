@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 
 REPO = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-key"

@@ -37,22 +37,34 @@ class Cancelled(Exception):
 def _trie_regex(texts: Iterable[str]) -> re.Pattern | None:
     """One pattern matching any of `texts`, longest first at each position, in time linear in the text
     (an alternation of 6,000 literals would try each one at every candidate position)."""
+    texts = sorted(set(texts), key=len, reverse=True)
+    if not texts:
+        return None
     trie: dict = {}
     for text in texts:
         node = trie
         for ch in text:
             node = node.setdefault(ch, {})
         node[""] = {}
-    if not trie:
-        return None
 
     def emit(node: dict) -> str:
-        branches = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        branches = []
+        for ch, child in sorted(node.items()):
+            if not ch:
+                continue
+            chain = re.escape(ch)
+            while len(child) == 1 and "" not in child:  # a run without branches: one literal, no nesting
+                (ch, child), = child.items()
+                chain += re.escape(ch)
+            branches.append(chain + emit(child))
         if "" in node:
             branches.append("")  # ending here is tried last: a longer token wins
         return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
 
-    return re.compile(emit(trie))
+    try:
+        return re.compile(emit(trie))
+    except RecursionError:  # thousands of nested prefixes (say, runs of 1..5000 spaces): a flat alternation
+        return re.compile("|".join(re.escape(t) for t in texts))
 
 
 class PromptTokenizer:
