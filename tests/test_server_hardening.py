@@ -326,3 +326,30 @@ def test_worker_generates_a_job_without_http(pair):
     expected = pair.generate("Once upon a time", max_tokens=5, temperature=0)
     assert events[0] == ("start", None) and events[-1][0] == "done"
     assert "".join(value for kind, value in events if kind == "text") == expected.text
+
+
+@pytest.mark.realmodel
+def test_issue_flood_on_smollm2_does_not_hold_the_next_request(real_models, tmp_path):
+    """The reproduction from the issue: smollm2-135m, -c 1024, --max-queue 2, a flood abandoned after 1 s; the
+    request behind it took 68 s before the prompt tokenizer."""
+    from conftest import REAL_SMOLLM
+
+    smollm = real_models / REAL_SMOLLM
+    s = start_server({"target": smollm, "draft": smollm}, tmp_path / "server.log", "--max-queue", "2", n_ctx=N_CTX,
+                     draft="draft")
+
+    def abandon():
+        try:
+            post(s.url, "/v1/completions", {"prompt": FLOOD, "max_tokens": 1}, timeout=1)
+        except httpx.TimeoutException:
+            pass
+
+    try:
+        flood = threading.Thread(target=abandon)
+        flood.start()
+        time.sleep(0.2)
+        r, seconds = timed(post, s.url, "/v1/completions", {"prompt": "hi", "max_tokens": 1}, timeout=30)
+        flood.join(30)
+        assert r.status_code == 200 and seconds < 3, seconds
+    finally:
+        s.stop()
