@@ -56,6 +56,8 @@ class ChatTemplate:
             self._template = env.from_string(self.source)
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template does not parse: {e}") from None
+        except Exception as e:  # Jinja folds constants while compiling: {{ 9**99999 }} raises here
+            raise ChatTemplateError(f"the chat template does not compile: {type(e).__name__}: {e}") from None
 
     @classmethod
     def from_model_info(cls, info: ModelInfo) -> "ChatTemplate":
@@ -78,6 +80,8 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"the chat template failed to render: {e}") from None
+        except Exception as e:  # the template's own expressions ({{ 1/0 }}, {{ 9**99999 }}) raise plain errors
+            raise ChatTemplateError(f"the chat template failed to render: {type(e).__name__}: {e}") from None
 
     def add_special_for(self, rendered: str) -> bool:
         """Whether tokenizing the rendered prompt should add BOS (not when the template already wrote it)."""
