@@ -44,7 +44,9 @@ class ModelConfig:
     flash_attn: str = "auto"                 # one of FLASH_ATTN_MODES
     cache_type_k: str = "f16"                # one of CACHE_TYPES
     cache_type_v: str = "f16"
-    n_rs_seq: int = 0                        # recurrent-state snapshots kept for rollback (hybrid models)
+    n_rs_seq: int = 0                        # recurrent-state snapshots for rollback (hybrids); 0: load_pair
+                                             # sizes them to the longest draft
+    n_checkpoints: int = 4                   # turn checkpoints of a recurrent state, for prompt reuse
     load_mtp: bool = False                   # load the multi-token-prediction (nextn) head too, if the file has one
 
     def __post_init__(self):
@@ -55,6 +57,7 @@ class ModelConfig:
         for name in ("n_ctx", "n_batch"):
             _int(name, getattr(self, name), 1)
         _int("n_rs_seq", self.n_rs_seq, 0)
+        _int("n_checkpoints", self.n_checkpoints, 0)
         if self.n_threads is not None:
             _int("n_threads", self.n_threads, 1)
         if self.tensor_split is not None:

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .drafters import Drafter, Sampling, common_prefix_len
-from .errors import ContextOverflowError, InvalidParameterError
+from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import DraftPolicy, FixedPolicy, make_policy
 from .sampling import SamplerConfig, filtered_probs
 from .stats import GenerationStats
@@ -150,6 +150,7 @@ class Pair:
         sampling = None if cfg.greedy else Sampling(cfg, np.random.default_rng(cfg.seed))
         t_start = time.perf_counter()
         decode_before = self._decode_seconds()
+        rollback_before = self._rollback_totals()
         n_out = 0
         stats.finish_reason = "cancelled"
         try:
@@ -183,10 +184,14 @@ class Pair:
             # each cache drops anything past what it has recorded, and the target holds exactly the history.
             self.target_ctx.resync()
             self.target_ctx.keep(len(self._history))
+            self.target_ctx.checkpoint(turn=True)  # the end of a turn: the next prompt may extend it
             for ctx in self.drafter.contexts if self.drafter is not None else ():
                 ctx.resync()
             stats.time_total = time.perf_counter() - t_start
             stats.time_in_decode = self._decode_seconds() - decode_before
+            seconds, replayed = self._rollback_totals()
+            stats.time_rollback = seconds - rollback_before[0]
+            stats.tokens_replayed = replayed - rollback_before[1]
 
     def _decode_seconds(self) -> float:
         seconds = self.target_ctx.decode_seconds
@@ -194,19 +199,26 @@ class Pair:
             seconds += ctx.decode_seconds
         return seconds
 
+    def _rollback_totals(self) -> tuple[float, int]:
+        """Seconds spent rolling caches back (saves, restores, trims) and tokens replayed, over all contexts."""
+        contexts = (self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ()))
+        return sum(c.rollback_seconds for c in contexts), sum(c.replayed_tokens for c in contexts)
+
     def _prefill(self, history: list[int], sampling: Sampling | None) -> int:
-        """Make the target cache hold `history` and start the drafter; returns how many tokens were cached."""
+        """Make the target cache hold `history` and start the drafter; returns how many tokens were reused."""
         ctx = self.target_ctx
         common = common_prefix_len(ctx.tokens, history)
         if not ctx.keep(common):
             ctx.clear()  # the memory cannot go back to the common prefix: start over
             common = 0
+        cached = ctx.n_in_memory  # a checkpoint restore may leave part of the common prefix to decode again
         if common < len(history):
             ctx.eval(history[common:], logits="none")
+        ctx.checkpoint(turn=True)  # a turn boundary: a later prompt that extends this one restarts here
         self._history = list(history)
         if self.drafter is not None:  # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
-        return common
+        return cached
 
     def _step(self, sampling: Sampling | None, budget: int, stats: GenerationStats) -> tuple[list[int], int]:
         """Draft, verify, accept, roll back. Returns the emitted tokens and how many of them the draft proposed."""
@@ -243,19 +255,22 @@ class Pair:
 
             n_accepted, next_token = accept_rejection(draft_arr, draft.probs if drafted else None, target_probs,
                                                       sampling.rng)
-        t2 = time.perf_counter()
 
-        # 4. roll back: keep `last` and the accepted draft tokens
-        self.target_ctx.keep(len(history) + 1 + n_accepted)
+        # 4. roll back: keep `last` and the accepted draft tokens (a recurrent memory may restore a checkpoint)
+        if not self.target_ctx.keep(len(history) + 1 + n_accepted):
+            raise DecodeError("the target's cache could not drop the rejected draft tokens")
+        t3 = time.perf_counter()
         if drafted:
             self.drafter.accepted(n_accepted)
         history.extend(batch[:1 + n_accepted])
         self._last = next_token
+        t4 = time.perf_counter()
 
-        # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost
+        # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
+        # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
         setup = draft.setup_seconds if drafted else 0.0
-        self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0), t2 - t1)
-        stats.record_step(len(drafted), n_accepted, t1 - t0, t2 - t1)
+        self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0) + (t4 - t3), t3 - t1)
+        stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
 
 

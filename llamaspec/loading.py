@@ -5,12 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .config import MTP_DRAFTERS, LoadConfig
+from .config import MTP_DRAFTERS, LoadConfig, ModelConfig
 from .drafters import make_drafter
 from .engine import Pair
 from .errors import InvalidParameterError, UnsupportedModelError
 from .gguf.reader import ModelInfo, check_pair, read_model_info
 from .policy import DraftPolicy, make_policy
+
+
+def rs_snapshots(config: ModelConfig, policy: DraftPolicy) -> int:
+    """n_rs_seq for a speculating target: as set, else one recurrent-state snapshot per token of the policy's
+    longest draft, within what the batch allows (llama.cpp aborts unless n_ubatch >= n_rs_seq + 2)."""
+    if config.n_rs_seq:
+        return config.n_rs_seq
+    return max(min(max(int(getattr(policy, "k_max", 0) or 0), 1), config.n_batch - 2), 0)
 
 
 def _is_pair_name(name) -> bool:
@@ -57,9 +65,12 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         _check_mtp_header(target_info, draft, config.drafter)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
 
-    # 2. the target
-    target_model = Model(target, config.target, info=target_info)
-    target_ctx = Context(target_model, config.target)
+    # 2. the target; a recurrent state with rollback snapshots gets one per draft token (n_ubatch >= n_rs_seq + 2)
+    target_config = config.target
+    if draft is not None or config.drafter != "model":
+        target_config = target_config.replace(n_rs_seq=rs_snapshots(target_config, policy_obj))
+    target_model = Model(target, target_config, info=target_info)
+    target_ctx = Context(target_model, target_config)
     if draft is None and config.drafter == "model":
         return Pair(target_model, target_ctx, None, policy_obj)
     if not target_ctx.rollback.speculative:
@@ -82,7 +93,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
             target_model.close()
             raise
     elif draft is not None:
-        draft_config = config.draft_config()
+        draft_config = config.draft_config().replace(n_rs_seq=0)  # drafting decodes single tokens: no snapshots
         draft_devices: Sequence[str] | None = None
         if config.draft_device is not None:
             draft_devices = (config.draft_device,)

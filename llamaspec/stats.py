@@ -22,6 +22,8 @@ class GenerationStats:
     time_total: float = 0.0
     time_to_first_token: float = 0.0
     time_in_decode: float = 0.0     # seconds spent inside llama_decode (both models), for the Python overhead
+    time_rollback: float = 0.0      # seconds rolling caches back: KV trims, recurrent-state checkpoints, restores
+    tokens_replayed: int = 0        # tokens decoded again after a checkpoint restore (recurrent memories)
     finish_reason: str | None = None
 
     def record_step(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
@@ -59,9 +61,9 @@ class GenerationStats:
 
     @property
     def python_overhead(self) -> float:
-        """Fraction of generation wall time spent outside llama_decode."""
+        """Fraction of generation wall time spent outside llama_decode and the cache operations."""
         busy = self.time_total - self.time_prefill
-        return max(0.0, 1.0 - self.time_in_decode / busy) if busy > 0 else 0.0
+        return max(0.0, 1.0 - (self.time_in_decode + self.time_rollback) / busy) if busy > 0 else 0.0
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -54,6 +54,9 @@ class FakeContext:
         self.decoded: list[int] = []      # every token ever decoded, in order
         self.evals: list[int] = []        # batch sizes
         self.decode_seconds = 0.0
+        self.rollback_seconds = 0.0       # an attention cache: keep() is free, nothing is replayed
+        self.replayed_tokens = 0
+        self.checkpoints: list[tuple[int, bool]] = []  # (position, turn) of every checkpoint() call
         self._out = None
         self.device_argmax_ok = True      # what set_device_argmax(True) achieves (a build without it: False)
         self.device_argmax = False
@@ -61,6 +64,13 @@ class FakeContext:
     @property
     def n_past(self):
         return len(self.tokens)
+
+    @property
+    def n_in_memory(self):
+        return len(self.tokens)
+
+    def checkpoint(self, turn=False):
+        self.checkpoints.append((self.n_past, turn))
 
     def eval(self, tokens, logits="last"):
         tokens = [int(t) for t in tokens]

@@ -13,18 +13,25 @@ from ..errors import ContextOverflowError, DecodeError
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
                      nextn_functions)
-from .rollback import Rollback, choose_rollback
+from .rollback import NoRollback, Rollback, choose_rollback
+
+# A replay longer than this (after restoring a turn checkpoint) is decoded at once, on its own.
+REPLAY_MERGE_MAX = 32
+
 
 class Context:
     """One sequence's KV cache over a model, with explicit positions.
 
     `eval(tokens, logits)` appends tokens at positions n_past.. and returns the logits rows asked for as a view
     into llama.cpp's buffer, valid until the next eval. `keep(n)` drops every position >= n, the way the model's
-    memory allows (`rollback`, chosen when the context is made).
+    memory allows (`rollback`, chosen when the context is made; see rollback.py for the contract). A memory that
+    went back by restoring a checkpoint holds fewer tokens than recorded: the last `n_pending` recorded tokens are
+    decoded again in front of the next eval's tokens (the caller sees only the rows it asked for).
+    `checkpoint(turn)` marks a position the memory may be asked to come back to.
 
     `on_decode(tokens, first_position)`, when set, runs after every llama_decode of this context (each chunk of a
-    long eval, every verification, every single token), while that decode's rows are still readable: an MTP head
-    follows the target through it (`hidden_rows`).
+    long eval, every verification, every replay, every single token), while that decode's rows are still readable:
+    an MTP head follows the target through it (`hidden_rows`).
     """
 
     def __init__(self, model: Model, options: ModelConfig = ModelConfig()):
@@ -46,6 +53,10 @@ class Context:
         params.no_perf = True
         if hasattr(params, "n_outputs_max_per_seq"):
             params.n_outputs_max_per_seq = 0  # = n_batch: device argmax of every verified row (set_device_argmax)
+        if hasattr(params, "n_rs_seq"):
+            # recurrent-state snapshots for rollback; llama.cpp aborts on the first decode unless
+            # n_ubatch >= n_rs_seq + 2 (n_ubatch = n_batch here, which llama.cpp lowers to n_ctx)
+            params.n_rs_seq = min(options.n_rs_seq, max(min(options.n_batch, options.n_ctx) - 2, 0))
         self._configure(params)
 
         with native_log() as log:
@@ -57,9 +68,6 @@ class Context:
                               "(-ctk q8_0 -ctv q8_0), or fewer GPU layers")
         self._ptr = ptr
         self.memory = llama_cpp.llama_get_memory(ptr)
-        self.rollback = choose_rollback(model, params)
-        self._before_decode = None if type(self.rollback).before_decode is Rollback.before_decode \
-            else self.rollback.before_decode
         self.n_ctx = int(llama_cpp.llama_n_ctx(ptr))
         self.n_batch = int(llama_cpp.llama_n_batch(ptr))  # llama.cpp lowers n_batch to n_ctx
         self.n_vocab = model.n_vocab
@@ -75,14 +83,30 @@ class Context:
             b.seq_id[i][0] = 0
 
         self.tokens: list[int] = []
+        self.n_pending = 0          # the last n_pending recorded tokens are not in the memory: replayed next eval
+        self._merged_replay = False  # the last decode carried a replay in front of its own tokens
+        self._prefix = 0            # replayed tokens in front of the last decode's own (output rows start after)
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
         self.decode_calls = 0
         self.on_decode = None       # callback(tokens, first_position) after each decode (see the class docstring)
         self._hidden = None         # (base address, view) of the last hidden-state rows (hidden_rows)
+        self.rollback_seconds = 0.0  # time saving/restoring state and trimming the cache (keep, checkpoints)
+        self.replayed_tokens = 0     # tokens decoded again after a checkpoint restore
+
+        self.rollback: Rollback = NoRollback()  # while choose_rollback probes the memory
+        self._before_decode, self._checkpoints = None, False
+        self.rollback = self._choose_rollback()
+        hooks = type(self.rollback)
+        self._before_decode = None if hooks.before_decode is Rollback.before_decode else self.rollback.before_decode
+        self._checkpoints = hooks.checkpoint is not Rollback.checkpoint
 
     def _configure(self, params) -> None:
         """Change llama_context_params before the context is made (a subclass's hook)."""
+
+    def _choose_rollback(self) -> Rollback:
+        """How this context's memory goes back (a subclass's hook; runs once, on the empty memory)."""
+        return choose_rollback(self, self.options.n_checkpoints)
 
     @property
     def n_past(self) -> int:
@@ -106,6 +130,15 @@ class Context:
             self._hidden = (address, np.ctypeslib.as_array(ptr, shape=(self.n_batch, self.model.n_embd_out)))
         return self._hidden[1][:n]
 
+    @property
+    def n_in_memory(self) -> int:
+        """Recorded tokens the memory holds (n_past less those waiting to be replayed)."""
+        return len(self.tokens) - self.n_pending
+
+    def memory_len(self) -> int:
+        """What llama.cpp's memory holds for the sequence: 1 + its highest position."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, 0)) + 1
+
     def eval(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
         """Decode `tokens` at positions n_past.. ; logits: 'last', 'all' or 'none'.
 
@@ -113,7 +146,7 @@ class Context:
         """
         if logits != "none" and self._argmax_sampler is not None:
             self.set_device_argmax(False)  # logits wanted: llama.cpp must copy them out again
-        if len(tokens) == 1 and logits != "none":
+        if len(tokens) == 1 and logits != "none" and not self.n_pending:
             return self._eval_one(int(tokens[0]))
         ptr = self._decode(tokens, logits)
         if logits == "none":
@@ -124,17 +157,18 @@ class Context:
         """Decode `tokens` and return the argmax token of the last row ('last') or of every row ('all'): greedy
         decoding's only need. With `set_device_argmax(True)` llama.cpp takes the argmax on the device and no
         logits are copied; otherwise numpy takes it from the logits."""
+        one = len(tokens) == 1 and not self.n_pending
         if self._argmax_sampler is None:
-            if len(tokens) == 1:
+            if one:
                 return [int(self._eval_one(int(tokens[0]))[0].argmax())]
             return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
                 .argmax(axis=1).tolist()
-        if len(tokens) == 1:  # the drafting hot path
+        if one:  # the drafting hot path
             self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
         else:
             self._decode(tokens, rows)
         get = llama_cpp.llama_get_sampled_token_ith
-        out = [get(self._ptr, i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+        out = [get(self._ptr, self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
             else [get(self._ptr, -1)]
         if min(out) < 0:
             raise DecodeError("llama.cpp returned no argmax token for an output row")
@@ -182,19 +216,32 @@ class Context:
         tokens = np.asarray(tokens, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+        prefix = 0
+        if self.n_pending:  # replay what a checkpoint restore left out, in front of the new tokens
+            replay = self._take_replay()
+            if logits == "all" and len(replay) + n > self.n_batch:
+                self._decode(replay, "none")  # on its own: every output row must land in one chunk
+            else:
+                tokens, prefix = np.concatenate([np.asarray(replay, dtype=np.int32), tokens]), len(replay)
+                n = len(tokens)
+        self._merged_replay, self._prefix = prefix > 0, prefix
         ptr = None
         start = 0
-        if self._before_decode is not None:
-            self._before_decode(self, n)
         while start < n:
             chunk = tokens[start:start + self.n_batch]
             m = len(chunk)
             last_chunk = start + m == n
             self._tok[:m] = chunk
             self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
-            self._out[:m] = 1 if logits == "all" else 0
-            if logits == "last" and last_chunk:
+            self._out[:m] = 0
+            if logits == "all":
+                self._out[max(prefix - start, 0):m] = 1
+            elif logits == "last" and last_chunk:
                 self._out[m - 1] = 1
+            if self._before_decode is not None:
+                t_hook = time.perf_counter()
+                self._before_decode(self, m, int(self._out[:m].sum()))
+                self.rollback_seconds += time.perf_counter() - t_hook
             self._batch.n_tokens = m
             t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ptr, self._batch)
@@ -228,8 +275,9 @@ class Context:
         b.pos[0] = len(self.tokens)
         b.logits[0] = 1
         b.n_tokens = 1
+        self._merged_replay = False
         if self._before_decode is not None:
-            self._before_decode(self, 1)
+            self._before_decode(self, 1, 1)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, b)
         result = sync(self._ptr) if rc == 0 else None
@@ -243,8 +291,7 @@ class Context:
         return result
 
     def _decode_failed(self, rc: int, m: int):
-        # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
-        llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
+        self.resync()  # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
         if rc == 1:
             raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
                                        f"(context {self.n_ctx})")
@@ -264,21 +311,65 @@ class Context:
         return view
 
     def keep(self, n: int) -> bool:
-        """Keep the first n tokens and drop the rest. False when the memory cannot (then nothing changed)."""
+        """Keep the first n tokens and drop the rest. False when the memory cannot (then nothing changed).
+
+        After a checkpoint restore the memory holds fewer than n: the rest is replayed with the next eval, or now
+        when the decode being undone already carried a replay (so replays never pile up) or it is long."""
         if n >= self.n_past:
             return True
-        ok = self.rollback.keep(self, n)
-        if ok:
+        if self.n_past - n <= self.n_pending:  # only tokens not yet decoded go
+            self.n_pending -= self.n_past - n
             del self.tokens[n:]
-        return ok
+            return True
+        t0 = time.perf_counter()
+        try:
+            reached = self.rollback.keep(self, n)
+            if reached is None:
+                return False
+            del self.tokens[n:]
+            self.n_pending = n - reached
+            if self.n_pending and (self._merged_replay or self.n_pending > REPLAY_MERGE_MAX):
+                self._decode(self._take_replay(), "none")
+            return True
+        finally:
+            self.rollback_seconds += time.perf_counter() - t0
+
+    def checkpoint(self, turn: bool = False) -> None:
+        """Mark the current position as one to come back to: the start of a drafting run (turn=False: the next
+        keep() will not go below it) or a turn boundary a later prompt may extend. Memories that can drop any
+        tail ignore it; recurrent ones save their state here (rollback.py)."""
+        if self._checkpoints:
+            t0 = time.perf_counter()
+            self.rollback.checkpoint(self, turn)
+            self.rollback_seconds += time.perf_counter() - t0
+
+    def _take_replay(self) -> list[int]:
+        replay = self.tokens[len(self.tokens) - self.n_pending:]
+        del self.tokens[len(self.tokens) - self.n_pending:]
+        self.n_pending = 0
+        self.replayed_tokens += len(replay)
+        return replay
 
     def resync(self) -> None:
-        """Drop anything the cache may hold past the recorded tokens (after an interrupted eval)."""
-        llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
+        """Make the memory hold exactly the recorded tokens again, after an interrupted eval or keep."""
+        held, recorded = self.memory_len(), self.n_in_memory
+        if held == recorded:
+            return
+        if held < recorded:  # a restore ran without its bookkeeping: drop any attention tail, replay the rest
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, held, -1)
+            self.n_pending += recorded - held
+            return
+        reached = self.rollback.keep(self, recorded)  # a decode ran without being recorded
+        if reached is None:
+            self.clear()  # no way back: start over (the caller's next prompt is decoded in full)
+        else:
+            self.n_pending = self.n_past - reached
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
         self.tokens.clear()
+        self.n_pending = 0
+        self.rollback.clear()
 
     def close(self) -> None:
         if self._ptr is not None:

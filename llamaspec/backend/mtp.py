@@ -56,15 +56,11 @@ class MTPContext(Context):
             raise UnsupportedModelError(why)
         self.target = target_ctx
         self._target_ptr = target_ctx._ptr
-        options = target_ctx.options.replace(n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch)
-        if hasattr(options, "n_rs_seq"):
-            options = options.replace(n_rs_seq=0)
+        options = target_ctx.options.replace(n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch, n_rs_seq=0)
         try:
             super().__init__(model, options)
         except ModelLoadError as exc:
             raise type(exc)(f"{exc} (the MTP head's context)") from None
-        self.rollback = TailDrop()      # the head's memory is a plain KV cache, whatever the trunk's is
-        self._before_decode = None
         self.n_embd = model.n_embd_out
 
         # one batch of (token, hidden state) entries, its arrays owned here (the struct points into them)
@@ -92,6 +88,9 @@ class MTPContext(Context):
         params.ctx_other = self._target_ptr
         if hasattr(params, "n_rs_seq"):
             params.n_rs_seq = 0
+
+    def _choose_rollback(self):
+        return TailDrop()               # the head's memory is a plain KV cache, whatever the trunk's is
 
     # -- decoding ----------------------------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], first_hidden: np.ndarray, rest_hidden: np.ndarray | None = None,
@@ -150,6 +149,10 @@ class MTPContext(Context):
         """Empty the cache and continue at `position`; the positions before it are unknown to the head."""
         self.clear()
         self.tokens.extend([-1] * position)   # -1: never decoded here, matches no token
+
+    def resync(self) -> None:
+        """Drop anything past the recorded entries (a plain KV cache: nothing is ever replayed)."""
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, self.n_past, -1)
 
     def eval(self, tokens, logits="last"):
         raise DecodeError("internal: an MTP context decodes (token, hidden state) entries: use decode()")

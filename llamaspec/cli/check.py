@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from . import main
+from ..config import ModelConfig
 from .options import Command, fail, handle_errors, resolve_model_paths
 
 KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
@@ -41,17 +42,23 @@ def print_plan(plan, vram_source: str) -> None:
     click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}, "
                f"flash attention {'on' if s.flash_attn else 'off'}; GPU {plan.vram_bytes / 2**30:.1f} GiB "
                f"({vram_source})")
-    rows = [("", "weights", "KV cache", "compute", "on GPU", "CPU-only RAM")]
+    state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
+    rows = [("", "weights", "KV cache") + (("state",) if state else ()) + ("compute", "on GPU", "CPU-only RAM")]
     for role, m in (("target", plan.target), ("draft", plan.draft)):
         if m is not None:
             layers = "all" if m.fully_offloaded else f"{max(m.n_gpu_layers, 0)}/{m.n_layer} layers"
-            rows.append((f"{role} ({layers})", gib(m.weights), gib(m.kv_cache), gib(m.compute), gib(m.gpu_total),
-                         gib(m.total)))
-    rows.append(("GPU runtime (estimate)", "", "", "", gib(plan.overhead), ""))
-    rows.append(("total", "", "", "", gib(plan.gpu_bytes), gib(plan.ram_bytes_cpu_only)))
+            rows.append((f"{role} ({layers})", gib(m.weights), gib(m.kv_cache))
+                        + ((gib(m.recurrent + m.checkpoints),) if state else ())
+                        + (gib(m.compute), gib(m.gpu_total), gib(m.total)))
+    blank = ("",) * (4 if state else 3)
+    rows.append(("GPU runtime (estimate)",) + blank + (gib(plan.overhead), ""))
+    rows.append(("total",) + blank + (gib(plan.gpu_bytes), gib(plan.ram_bytes_cpu_only)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    if state:
+        click.echo(f"  state: recurrent state (F32) with {s.n_rs_seq} rollback snapshots where the arch has them, "
+                   f"a device checkpoint where needed, and {s.n_checkpoints} turn checkpoints in host RAM")
     spare = plan.vram_bytes - plan.gpu_bytes
     if plan.fits:
         where = "as asked" if not all(m.fully_offloaded for m in plan.models) else "fully offloaded"
@@ -87,6 +94,9 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
     from ..gguf.compat import compatibility_report
     from ..gguf.reader import read_model_info
     from ..gguf.memory import Settings, plan_memory
+    from ..gguf.recurrent import describe_rollback
+    from ..loading import rs_snapshots
+    from ..policy import make_policy
 
     target_path, draft_path, _ = resolve_model_paths({"model": target, "model_draft": draft, "pair_name": pair_name,
                                                       "assume_yes": assume_yes})
@@ -96,6 +106,7 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
                        f"trained context {info.n_ctx_train})")
+            click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
     report = compatibility_report(target_info, draft_info) if draft_info is not None else None
     if report is not None:
         click.echo()
@@ -103,7 +114,8 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
 
     vram_gib, source = (vram, "--vram") if vram is not None else default_vram(main_gpu)
     settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
-                        flash_attn=flash_attn != "off")
+                        flash_attn=flash_attn != "off", speculative=draft_info is not None,
+                        n_rs_seq=rs_snapshots(ModelConfig(n_batch=n_batch), make_policy("auto")))
     plan = plan_memory(target_info, draft_info, settings, int(vram_gib * 2**30), n_gpu_layers, draft_n_gpu_layers)
     click.echo()
     print_plan(plan, source)

@@ -71,6 +71,7 @@ def check_wsl(model_paths: tuple[str, ...]) -> int:
 def check_models(model_paths: tuple[str, ...]) -> int:
     from ..errors import ModelFileError
     from ..gguf.reader import read_model_info
+    from ..gguf.recurrent import describe_rollback
 
     problems = 0
     for path in model_paths:
@@ -81,6 +82,7 @@ def check_models(model_paths: tuple[str, ...]) -> int:
             problems += 1
             continue
         click.echo(f"model: {info.path} ({info.arch}, {info.n_layer} layers, {info.weights_bytes / 2**30:.2f} GiB)")
+        click.echo(f"  rollback: {describe_rollback(info)}")
     return problems
 
 

@@ -16,6 +16,9 @@ class ModelDrafter(Drafter):
     long stretch without drafting (the policy had turned speculation off), catching up on every missed token would
     cost as much as drafting them, so the draft restarts on the last `window` tokens instead. Its positions are its
     own, so a window is a valid (shorter) context.
+
+    Drafting decodes one token at a time, after which a recurrent memory cannot drop the rejected ones; so each
+    drafting run marks its start (`ctx.checkpoint()`, a no-op for attention caches) and `accepted` goes back there.
     """
 
     kind = "model"
@@ -44,6 +47,7 @@ class ModelDrafter(Drafter):
             missing = self._align(history, extra=1, limit=None)
             if missing:
                 self.ctx.eval(missing, logits="none")
+            self.ctx.checkpoint(turn=True)  # the prompt's end: a later prompt that extends it restarts here
             self._known_equal = self.ctx.n_past
 
     def _align(self, history: list[int], extra: int, limit: int | None) -> list[int]:
@@ -82,6 +86,7 @@ class ModelDrafter(Drafter):
             return self._propose_argmax(missing, last, max_len, t0)
         # catch up on what the target accepted since the last draft, and decode `last`, in one batch
         logits = self.ctx.eval(missing + [last], logits="last")[0]
+        self.ctx.checkpoint()  # the drafting run starts here: `accepted` comes back to it
         setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
         sampling = self._sampling
         probs = self._probs.rows(max_len) if sampling is not None else None
@@ -108,6 +113,7 @@ class ModelDrafter(Drafter):
     def _propose_argmax(self, missing: list[int], last: int, max_len: int, t0: float) -> Draft:
         """Greedy drafting without a confidence stop: llama.cpp takes each argmax on the device, no logits move."""
         token = self.ctx.eval_argmax(missing + [last])[0]
+        self.ctx.checkpoint()
         setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
         drafted = [token]
         while len(drafted) < max_len and token < self.n_vocab_target:

@@ -3,7 +3,10 @@ both fit on a GPU, and if not, which single change (-ngl, -c, KV type) makes the
 
 The estimates follow what llama.cpp allocates (checked against its load log on CPU):
   weights = sum of tensor bytes (exact: the "model buffer size")
-  KV      = n_layer * n_ctx * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)   (exact)
+  KV      = n_layer * n_ctx * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)   (exact; a hybrid's
+            attention layers only)
+  state   = recurrent layers * (conv + ssm state) * 4 * (1 + n_rs_seq), plus one device copy for the step
+            checkpoint of a speculating model that needs one, and host copies for turn checkpoints  (gguf/recurrent.py)
   compute = max(logits, attention scores) + (2 or 3) * n_embd * n_ubatch * 4
             logits = n_vocab * n_ubatch * 4 (only where the output layer is); attention scores (no flash
             attention) = 1.1 * n_ctx * n_ubatch * n_head * 4; 3 activation rows with a quantized KV cache or
@@ -22,6 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ..config import CACHE_TYPES
 from ..errors import InvalidParameterError
 from .reader import ModelInfo
+from .recurrent import kv_layers, recurrent_state_bytes, rollback_kind
 
 GiB = 2**30
 MiB = 2**20
@@ -50,6 +54,9 @@ class Settings:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: bool = True     # llama.cpp's "auto" turns it on wherever it is supported
+    speculative: bool = False   # a draft runs with the target: rollback snapshots and checkpoints are kept
+    n_rs_seq: int = 0           # the target's recurrent-state snapshots (archs with bounded rollback)
+    n_checkpoints: int = 4      # turn checkpoints of a recurrent state (host memory)
 
 
 def kv_heads_per_layer(info: ModelInfo) -> list[int]:
@@ -62,8 +69,9 @@ def kv_heads_per_layer(info: ModelInfo) -> list[int]:
 
 def kv_cache_bytes(info: ModelInfo, settings: Settings, n_layers: int | None = None) -> int:
     """KV cache of the last `n_layers` layers (all by default) at settings.n_ctx cells."""
-    per_layer = [h * (info.head_dim_k * kv_bytes_per_element(settings.type_k)
-                      + info.head_dim_v * kv_bytes_per_element(settings.type_v)) for h in kv_heads_per_layer(info)]
+    per_layer = [h * has_kv * (info.head_dim_k * kv_bytes_per_element(settings.type_k)
+                               + info.head_dim_v * kv_bytes_per_element(settings.type_v))
+                 for h, has_kv in zip(kv_heads_per_layer(info), kv_layers(info))]
     layers = per_layer if n_layers is None else per_layer[len(per_layer) - n_layers:] if n_layers else []
     return int(sum(layers) * settings.n_ctx)
 
@@ -109,21 +117,37 @@ class ModelMemory:
     gpu_weights: int
     gpu_kv_cache: int
     gpu_compute: int
+    recurrent: int = 0         # recurrent state with its snapshots and device checkpoint (0: attention only)
+    gpu_recurrent: int = 0
+    checkpoints: int = 0       # host copies of the recurrent state at turn boundaries
+    rollback: str = "kv"       # gguf.recurrent.rollback_kind
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute
+        return self.weights + self.kv_cache + self.compute + self.recurrent + self.checkpoints
 
     @property
     def gpu_total(self) -> int:
-        return self.gpu_weights + self.gpu_kv_cache + self.gpu_compute
+        return self.gpu_weights + self.gpu_kv_cache + self.gpu_compute + self.gpu_recurrent
 
     @property
     def fully_offloaded(self) -> bool:
         return self.n_gpu_layers < 0 or self.n_gpu_layers > self.n_layer
 
 
-def model_memory(info: ModelInfo, settings: Settings, n_gpu_layers: int = -1) -> ModelMemory:
+def recurrent_copies(info: ModelInfo, settings: Settings, is_draft: bool = False) -> int:
+    """How many device copies of the recurrent state a context keeps: the state, its n_rs_seq snapshots (the
+    target of a model with bounded rollback) and the step checkpoint (speculation without snapshots: the target
+    of a checkpoint-only model, and any recurrent draft, which decodes one token at a time)."""
+    kind = rollback_kind(info)
+    if kind == "kv":
+        return 0
+    snapshots = settings.n_rs_seq if settings.speculative and kind == "bounded" and not is_draft else 0
+    step = settings.speculative and (is_draft or kind == "checkpoint")
+    return 1 + snapshots + int(step)
+
+
+def model_memory(info: ModelInfo, settings: Settings, n_gpu_layers: int = -1, is_draft: bool = False) -> ModelMemory:
     layers, output, _embeddings = _layer_bytes(info)
     n_gpu = info.n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, info.n_layer + 1)
     n_repeating = min(n_gpu, info.n_layer)
@@ -137,10 +161,14 @@ def model_memory(info: ModelInfo, settings: Settings, n_gpu_layers: int = -1) ->
         # partial offload: llama.cpp also runs the CPU-held output matmul on the GPU for large batches,
         # copying that matrix into the compute buffer
         gpu_compute = compute_buffer_bytes(info, settings) + output
+    copies = recurrent_copies(info, settings, is_draft)
     return ModelMemory(
         name=info.name, n_layer=info.n_layer, n_gpu_layers=n_gpu_layers, weights=info.weights_bytes,
         kv_cache=kv_cache_bytes(info, settings), compute=compute_buffer_bytes(info, settings),
-        gpu_weights=gpu_weights, gpu_kv_cache=kv_cache_bytes(info, settings, n_repeating), gpu_compute=gpu_compute)
+        gpu_weights=gpu_weights, gpu_kv_cache=kv_cache_bytes(info, settings, n_repeating), gpu_compute=gpu_compute,
+        recurrent=copies * recurrent_state_bytes(info), gpu_recurrent=copies * recurrent_state_bytes(info, n_repeating),
+        checkpoints=settings.n_checkpoints * recurrent_state_bytes(info) if copies else 0,
+        rollback=rollback_kind(info))
 
 
 @dataclass(frozen=True)
@@ -180,7 +208,7 @@ class MemoryPlan:
 
 def _gpu_need(target: ModelInfo, draft: ModelInfo | None, settings: Settings, ngl: int, ngld: int) -> int:
     total = model_memory(target, settings, ngl).gpu_total + GPU_RUNTIME_OVERHEAD
-    return total + (model_memory(draft, settings, ngld).gpu_total if draft is not None else 0)
+    return total + (model_memory(draft, settings, ngld, is_draft=True).gpu_total if draft is not None else 0)
 
 
 def suggest(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram_bytes: int) -> list[Suggestion]:
@@ -230,7 +258,7 @@ def plan_memory(target: ModelInfo, draft: ModelInfo | None, settings: Settings, 
         raise InvalidParameterError("context and batch size must be positive")
     ngld = n_gpu_layers if draft_n_gpu_layers is None else draft_n_gpu_layers
     plan = MemoryPlan(settings, vram_bytes, model_memory(target, settings, n_gpu_layers),
-                      model_memory(draft, settings, ngld) if draft is not None else None)
+                      model_memory(draft, settings, ngld, is_draft=True) if draft is not None else None)
     if not plan.fits:
         plan = replace(plan, suggestions=tuple(suggest(target, draft, settings, vram_bytes)))
     return plan
