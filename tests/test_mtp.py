@@ -210,3 +210,29 @@ def test_cli_spec_type_draft_mtp_runs_the_head(model_dir):
     bad = CliRunner().invoke(main, ["run", "-m", str(make_arch_model("glm4moe", model_dir, seed=1, stdev=0.5)),
                                     "--spec-type", "draft-mtp", "--no-repack", "-n", "2", "x"])
     assert bad.exit_code == 1 and "no multi-token-prediction" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_check_reports_the_mtp_head_with_the_kv_cache_llama_cpp_allocates(model_dir):
+    import re
+
+    from llamaspec.backend import Model
+    from llamaspec.cli import main
+    from llamaspec.config import ModelConfig
+    from llamaspec.gguf.memory import Settings, mtp_head_memory
+    from llamaspec.gguf.reader import read_model_info
+
+    path = make_mtp_model("qwen35", model_dir, head="random")
+    head = mtp_head_memory(read_model_info(path), Settings(n_ctx=1024, n_ubatch=64))
+    config = ModelConfig(n_ctx=1024, n_batch=64, n_threads=2, no_repack=True, load_mtp=True)
+    model = Model(path, config)
+    target = Context(model, config)
+    mtp = MTPContext(target)
+    allocated = float(re.search(r"llama_kv_cache: size =\s+([\d.]+) MiB", mtp.load_log).group(1))
+    mtp.close(), target.close(), model.close()
+    assert head.n_layers == 1 and abs(head.kv_cache / 2**20 - allocated) < 0.01
+    out = CliRunner().invoke(main, ["check", str(path), "-c", "1024", "-b", "64", "--vram", "1"])
+    assert out.exit_code == 0, out.output
+    assert "MTP head: 1 nextn block(s)" in out.stdout and "drafting with the MTP head" in out.stdout
+    plain = CliRunner().invoke(main, ["check", str(make_arch_model("qwen35", model_dir, seed=1, stdev=0.5)),
+                                      "--vram", "1"])
+    assert "MTP head: none" in plain.stdout and "drafting with the MTP head" not in plain.stdout
