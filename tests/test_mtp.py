@@ -236,3 +236,27 @@ def test_check_reports_the_mtp_head_with_the_kv_cache_llama_cpp_allocates(model_
     plain = CliRunner().invoke(main, ["check", str(make_arch_model("qwen35", model_dir, seed=1, stdev=0.5)),
                                       "--vram", "1"])
     assert "MTP head: none" in plain.stdout and "drafting with the MTP head" not in plain.stdout
+
+
+@pytest.mark.parametrize("arch, layers, message", [("llama", 1, "no MTP graph for the llama architecture"),
+                                                   ("qwen35", 2, "2 chained MTP heads")])
+def test_heads_llama_cpp_cannot_run_are_refused_from_the_header(model_dir, arch, layers, message):
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    src = make_arch_model(arch, model_dir, seed=1, stdev=0.5)
+    dst = model_dir / f"{arch}-claims-{layers}-heads.gguf"
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        empty_array = field.types == [GGUFValueType.ARRAY]     # no element type to copy
+        if key.startswith("GGUF.") or key == "general.architecture" or empty_array:
+            continue
+        value = layers if key == f"{arch}.nextn_predict_layers" else field.contents()
+        w.add_key_value(key, value, field.types[0], sub_type=field.types[1] if len(field.types) > 1 else None)
+    if f"{arch}.nextn_predict_layers" not in r.fields:
+        w.add_uint32(f"{arch}.nextn_predict_layers", layers)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(UnsupportedModelError, match=message):
+        load_pair(str(dst), drafter="mtp", **SETTINGS)      # before any weights load: llama.cpp would abort

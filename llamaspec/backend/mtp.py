@@ -24,13 +24,24 @@ from .native import llama_cpp, nextn_functions
 from .rollback import TailDrop
 
 
+# archs whose llama.cpp builds an MTP graph (LLM_GRAPH_TYPE_DECODER_MTP, src/models/*.cpp); for any other arch an
+# MTP context would run the trunk's graph over the head's cache, and llama.cpp aborts
+MTP_GRAPH_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "deepseek2", "deepseek32",
+                             "deepseek4", "bailingmoe3", "cohere2moe", "nemotron_h_moe", "hy_v3", "mimo2", "step35"})
+
+
 def mtp_unsupported(model) -> str | None:
     """Why `model` (a loaded backend Model) cannot draft with its MTP head, or None when it can."""
     ext, why = nextn_functions()
     if ext is None:
         return why
+    arch = model.info.arch
     if model.n_layer_nextn <= 0:
         return f"{model.path}: no multi-token-prediction (MTP) head in this file (nextn_predict_layers is 0)"
+    if arch not in MTP_GRAPH_ARCHS:
+        return f"{model.path}: llama.cpp has no MTP graph for the {arch} architecture"
+    if model.n_layer_nextn > 1:   # chained heads (one per draft position, llama_set_nextn_layer_offset)
+        return f"{model.path}: {model.n_layer_nextn} chained MTP heads; llamaspec drafts with a single head only"
     if not model.mtp_loaded:
         return f"{model.path}: loaded without its MTP head (load_mtp)"
     n_embd_inp = getattr(llama_cpp, "llama_model_n_embd_inp", None)
