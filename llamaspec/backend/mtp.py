@@ -55,7 +55,7 @@ class MTPContext(Context):
     """The MTP head of `target_ctx`'s model, at the target's context size, following the target's positions.
 
     `decode(tokens, first_hidden, rest_hidden, output)` appends (token, hidden state) entries at n_past..;
-    `last_logits()` / `last_argmax()` / `hidden_row(i)` read the result. `keep(n)` always works (a plain KV cache);
+    `last_logits()` / `last_argmax()` / `last_hidden()` read the result for its last entry. `keep(n)` always works (a plain KV cache);
     `restart_at(p)` empties the cache and goes on at position p (llama.cpp accepts any first position in an empty
     cache), for when the hidden states of the positions before p are gone.
     """
@@ -91,6 +91,7 @@ class MTPContext(Context):
             n_seq_id=self._pair_nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), seq_id=self._pair_seq,
             logits=self._pair_out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
         self._logits_ptr = None
+        self._last_n = 0                # entries of the last decode
         self.enable_hidden_rows()       # the head's own output rows, to chain drafts
         target_ctx.enable_hidden_rows()  # the target's rows, to follow it
 
@@ -128,6 +129,7 @@ class MTPContext(Context):
         self._pair_embd[0] = first_hidden
         self._pair_out[n - 1] = 1 if output else 0
         self._pair_batch.n_tokens = n
+        self._last_n = n
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
         if rc == 0 and output:
@@ -151,10 +153,10 @@ class MTPContext(Context):
             raise DecodeError("llama.cpp returned no argmax token for the MTP head's output")
         return token
 
-    def hidden_row(self, i: int) -> np.ndarray:
-        """The head's output hidden state of entry i of the last decode (what it reads in place of the target's
-        hidden state when it drafts the next token)."""
-        return self.hidden_rows(i + 1)[i]
+    def last_hidden(self) -> np.ndarray:
+        """The head's output hidden state for the last decode's last entry (what it reads in place of the target's
+        hidden state when it drafts the next token); a view, valid until the next decode."""
+        return self.hidden_rows(self._last_n)[self._last_n - 1]
 
     def restart_at(self, position: int) -> None:
         """Empty the cache and continue at `position`; the positions before it are unknown to the head."""

@@ -1,16 +1,19 @@
 """Drafting with the target's own multi-token-prediction (MTP) head: no draft model, the head reads the target's
 hidden state.
 
-The head at position p reads (x_p, h_{p-1}) and predicts x_{p+1}. Two things keep its cache right:
-- following the target: after every target decode (prefill chunks, verifications, replays) the head decodes the
-  same tokens at the same positions, token k paired with the target's hidden state of the position before it
-  (`_follow`, hooked on the target context's `on_decode`). Positions whose entries were made from the target's
-  own states are "valid" (`_valid`): they hold for as long as the target keeps those tokens.
-- drafting: from (last, h_{P-1}) at P the head proposes d_1, then (d_1, its own output state) at P+1 proposes
-  d_2, and so on. The first entry is exactly what following would decode, so it stays valid; the later ones are
-  dropped before the next decode ("rollback is keep() on both contexts").
-The target's hidden states of recent positions are kept in a ring (`RING_ROWS` rows), so a generation that starts
-inside what the target already holds (a regenerated reply) still pairs its first token with the right state.
+The head at position p reads (x_p, h_{p-1}) and predicts x_{p+1}; its cache must hold, for every position of the
+history, the entry made of that token and the target's final hidden state of the position before.
+- Following the target: after every target decode (prefill chunks, verifications, replays) `_follow` (hooked on
+  the target context's `on_decode`) keeps that decode's hidden rows in a ring indexed by position, and drops the
+  head's entries the target has just overwritten with other tokens. The head catches up from the ring lazily.
+- Drafting: `propose` decodes, in one batch, the entries the head is behind on (the tokens accepted since the last
+  draft) and (last, h_{P-1}) at P, whose output is d_1; then (d_1, the head's own output state) at P+1 gives d_2,
+  and so on. A step thus costs the head k decodes for k drafts, and rejected tokens are never caught up on.
+- Entries made from target states are "valid" (`_valid`): the drafted ones after them are dropped before the next
+  decode ("rollback is keep() on both contexts"; the head's cache is a plain KV cache).
+When the head is far behind (prompt lookup drafting, plain-decoding stretches of `auto`), `_follow` catches up at
+once, so the ring never loses a row the head still needs; a regenerated reply starts inside what the target holds
+and still finds its first state there.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ..sampling import filtered_probs, max_prob, sample_from
 from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
 
 RING_ROWS = 1024
+BEHIND_MAX = 16     # positions the head may lag behind the target before _follow catches up
 
 
 class MTPDrafter(Drafter):
@@ -37,60 +41,82 @@ class MTPDrafter(Drafter):
         self._sampling: Sampling | None = None
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(n_vocab_target, dtype=np.float32)    # for the confidence stop
-        rows = max(1, min(ring_rows, self.target.n_ctx))
+        # the ring holds what the head may be behind on plus one decode
+        rows = max(ring_rows, self.target.n_batch + 2 * BEHIND_MAX + 2)
         self._ring = np.zeros((rows, ctx.n_embd), dtype=np.float32)   # target hidden state of position q at q % rows
         self._ring_pos = np.full(rows, -1, dtype=np.int64)             # which position each ring row holds
-        self._zeros = np.zeros(ctx.n_embd, dtype=np.float32)
         self.target.on_decode = self._follow
 
     # -- following the target ----------------------------------------------------------------------------------
-    def _target_hidden(self, position: int) -> np.ndarray:
-        """The target's hidden state at `position` (zeros before the start or when it is no longer known)."""
-        slot = position % len(self._ring)
-        return self._ring[slot] if position >= 0 and self._ring_pos[slot] == position else self._zeros
-
     def _follow(self, tokens, first_position: int) -> None:
-        """After the target decoded `tokens` at first_position..: the head decodes them too."""
-        n, ctx = len(tokens), self.ctx
-        rows = self.target.hidden_rows(n)
-        ctx.keep(min(ctx.n_past, self._valid))         # drop entries made while drafting
-        start = 0
-        if ctx.n_past > first_position:                 # a re-decode (replay): keep the entries of the same tokens
-            start = common_prefix_len(ctx.tokens[first_position:first_position + n], tokens)
-            ctx.keep(first_position + start)
-        elif ctx.n_past < first_position:               # the states before are gone: the head starts over here
-            ctx.restart_at(first_position)
-        if start < n:
-            first = rows[start - 1] if start else self._target_hidden(first_position - 1)
-            ctx.decode(tokens[start:], first, rows[start:n - 1])
-        self._valid = ctx.n_past
-        self._remember(rows, first_position)
+        """The target decoded `tokens` at first_position..: keep their hidden states; the head catches up later."""
+        n = len(tokens)
+        if first_position < self._valid:        # the target went back: keep the head's entries that still match
+            self._valid = first_position + common_prefix_len(self.ctx.tokens[first_position:self._valid], tokens)
+            self.ctx.keep(self._valid)
+        self._remember(self.target.hidden_rows(n), first_position)
+        if first_position + n - self._valid > BEHIND_MAX:
+            self._catch_up(self.target.tokens, first_position + n)
 
     def _remember(self, rows: np.ndarray, first_position: int) -> None:
-        size = len(self._ring)
-        if len(rows) > size:
-            first_position += len(rows) - size
-            rows = rows[-size:]
-        slots = (first_position + np.arange(len(rows))) % size
+        slots = (first_position + np.arange(len(rows))) % len(self._ring)
         self._ring[slots] = rows
         self._ring_pos[slots] = first_position + np.arange(len(rows))
 
+    def _states(self, positions: np.ndarray) -> np.ndarray | None:
+        """The target's hidden states at `positions` (zeros for position -1), or None when the ring lost one."""
+        slots = positions % len(self._ring)
+        known = (self._ring_pos[slots] == positions) | (positions < 0)
+        if not known.all():
+            return None
+        states = self._ring[slots]
+        states[positions < 0] = 0.0
+        return states
+
+    def _catch_up(self, tokens, end: int, last: int | None = None, output: str | None = None) -> None:
+        """Decode the head's entries for positions n_past..end-1 (tokens[p] with h_{p-1}) and, when `last` is given,
+        (last, h_{end-1}) at `end` with `output` of it. States the ring no longer has: the head starts over at end."""
+        ctx = self.ctx
+        ctx.keep(self._valid)                               # drop the entries made while drafting
+        if ctx.n_past > end:
+            ctx.keep(end)
+        start = ctx.n_past
+        entries = list(tokens[start:end]) + ([last] if last is not None else [])
+        if not entries:
+            return
+        states = self._states(np.arange(start - 1, start - 1 + len(entries)))
+        if states is None:                                  # lost: begin a fresh cache at `end`
+            ctx.restart_at(end)
+            entries = [last] if last is not None else []
+            states = self._states(np.array([end - 1]))
+            if not entries:
+                self._valid = end
+                return
+            if states is None:
+                states = np.zeros((1, ctx.n_embd), dtype=np.float32)
+        for a in range(0, len(entries), ctx.n_batch):
+            b = min(a + ctx.n_batch, len(entries))
+            ctx.decode(entries[a:b], states[a], states[a + 1:b], output=output if b == len(entries) else None)
+        self._valid = ctx.n_past
+
+    def sync(self, history) -> None:
+        """Catch the head up on the whole history now (it otherwise does so when it drafts)."""
+        self._valid = min(self._valid, len(history))
+        self._catch_up(history, len(history))
+
     # -- the contract ------------------------------------------------------------------------------------------
     def begin(self, history, sampling, p_min, prefill) -> None:
-        # the target's prefill has already been followed; greedy without a confidence stop needs argmaxes only
+        # the target's prefill has been recorded; greedy without a confidence stop needs argmaxes only
         self._sampling = sampling
         self.ctx.set_device_argmax(sampling is None and p_min <= 0)
 
     def propose(self, history, last, max_len, p_min) -> Draft:
         ctx, position = self.ctx, len(history)
-        ctx.keep(min(position, self._valid))            # past the history: last step's drafts and rejected tokens
-        if ctx.n_past < position:
-            ctx.restart_at(position)
+        self._valid = min(self._valid, position)         # past the history: rejected tokens
         self._base = position
         sampling = self._sampling
         output = "argmax" if sampling is None and p_min <= 0 and ctx.device_argmax else "logits"
-        ctx.decode([last], self._target_hidden(position - 1), output=output)
-        self._valid = position + 1                      # (last, h_{P-1}): what following would have decoded
+        self._catch_up(history, position, last, output)  # ..., then (last, h_{P-1}): d_1
         probs = self._probs.rows(max_len) if sampling is not None else None
         drafted: list[int] = []
         for i in range(max_len):
@@ -110,13 +136,12 @@ class MTPDrafter(Drafter):
             drafted.append(token)
             if i + 1 == max_len:
                 break
-            ctx.decode([token], ctx.hidden_row(0), output=output)   # chain: the head's own state stands in for h
+            ctx.decode([token], ctx.last_hidden(), output=output)   # chain: the head's own state stands in for h
         return Draft(drafted, probs[:len(drafted)] if probs is not None else None)
 
     def accepted(self, n_accepted: int) -> None:
-        keep = self._base + 1 + n_accepted              # [last] and the accepted drafts
-        self.ctx.keep(min(keep, self.ctx.n_past))
-        self._valid = min(self._valid, keep)
+        # the accepted drafts' entries were made from the head's own states: they are caught up on properly later
+        self.ctx.keep(min(self._base + 1, self.ctx.n_past))
 
     def reset(self) -> None:
         self.ctx.clear()
