@@ -262,3 +262,44 @@ def test_heads_llama_cpp_cannot_run_are_refused_from_the_header(model_dir, arch,
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
     with pytest.raises(UnsupportedModelError, match=message):
         load_pair(str(dst), drafter="mtp", **SETTINGS)      # before any weights load: llama.cpp would abort
+
+
+def test_server_drafts_with_the_head_and_says_so(model_dir, tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    path = make_mtp_model("glm4moe", model_dir, head="agree", trunk_mix=AGREE_MIX["glm4moe"])
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(path), "--spec-type", "draft-mtp", "--policy",
+           "fixed", "--draft-max", "3", "-c", "256", "-t", "1", "--no-repack", "--port", "0"]
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url = found.group(1)
+        assert "drafter mtp" in log.read_text()
+        info = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["llamaspec"]
+        assert info["drafter"] == "mtp" and info["draft"] is None
+        r = httpx.post(f"{url}/v1/completions", json={"model": path.stem, "prompt": PROMPT, "max_tokens": 24,
+                                                       "temperature": 0}, timeout=60).json()
+        assert r["choices"][0]["text"] == plain_text(path, PROMPT, 24)
+        assert r["llamaspec"]["accepted"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def plain_text(path, prompt, n):
+    with load_pair(str(path), **SETTINGS) as pair:
+        return pair.generate(prompt, max_tokens=n).text
