@@ -2,9 +2,11 @@
 prompts and files in one run. Prints a markdown report (also written to --out) with ratios against plain decoding.
 
     python benchmarks/bench_engine.py --target T.gguf --draft D.gguf [--tools DIR] [--no-repack] [--tokens 128]
+    python benchmarks/bench_engine.py --target T-with-MTP.gguf --drafter mtp [--tools DIR] ...
 
 --tools is the folder holding llama-speculative-simple (benchmarks/build-llama-tools.sh prints it). Greedy and
-T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation.
+T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation. With --drafter mtp the target's
+own multi-token-prediction head drafts (no --draft), and llama.cpp runs `--spec-type draft-mtp` on the same file.
 """
 from __future__ import annotations
 
@@ -96,19 +98,24 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
     return row
 
 
-def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: int, k: int, temperature: float,
-                   threads: int, no_repack: bool, extra: list[str]) -> dict:
+def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_tokens: int, k: int,
+                   temperature: float, threads: int, no_repack: bool, extra: list[str]) -> dict:
+    """One llama-speculative-simple run: a draft model (draft-simple), or the target's MTP head (draft=None)."""
     exe = tools / "llama-speculative-simple"
-    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--spec-type", "draft-simple",
+    drafting = (["-md", draft, "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "99"] if draft
+                else ["--spec-type", "draft-mtp"])
+    cmd = [str(exe), "-m", target, *drafting, "-p", prompt, "-n", str(n_tokens),
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-           "-t", str(threads), "-td", str(threads), "-c", "2048",
-           "--temp", str(temperature), "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
+           "-t", str(threads), "-c", "2048", "--temp", str(temperature), "--seed", "1", "-ngl", "99", *extra]
     if no_repack:
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    log = out.stdout + out.stderr
-    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    for _ in range(3):  # its log is written by a thread: on a busy machine the last lines can miss the exit
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        log = out.stdout + out.stderr
+        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        if m or out.returncode != 0:
+            break
     drafted = re.search(r"n_drafted\s*=\s*(\d+)", log)
     accepted = re.search(r"n_accept\s*=\s*(\d+)", log)
     if out.returncode != 0 or not m:
@@ -121,7 +128,9 @@ def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--draft", help="draft GGUF (not with --drafter mtp)")
+    ap.add_argument("--drafter", default="model", choices=["model", "mtp", "lookup+mtp"],
+                    help="mtp: the target's own MTP head drafts, llama.cpp runs --spec-type draft-mtp")
     ap.add_argument("--tools", type=Path, help="folder with llama-speculative-simple")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -138,19 +147,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if (a.draft is None) == (a.drafter == "model"):
+        ap.error("give --draft with --drafter model (the default), and no --draft with the MTP drafters")
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     temps = [float(t) for t in a.temps.split(",")]
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
-             f"- target: {Path(a.target).name}; draft: {Path(a.draft).name}",
+             f"- target: {Path(a.target).name}; draft: {Path(a.draft).name if a.draft else 'none'}; "
+             f"drafter: {a.drafter}",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
     ks = [int(k) for k in a.k.split(",")]
+    # n_rs_seq: a hybrid target keeps a recurrent-state snapshot per draft token of the longest draft any mode asks
+    # for (auto's default maximum is 12); other archs ignore it
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
-                     n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn)
+                     n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
+                     drafter=a.drafter, n_rs_seq=max(ks + [12]))
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:

@@ -16,8 +16,10 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
-# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/)
-DRAFTER_KINDS = ("model", "lookup", "lookup+model")
+# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/); "mtp" is the target's own
+# multi-token-prediction head (no draft model)
+DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp")
+MTP_DRAFTERS = ("mtp", "lookup+mtp")
 
 DEFAULT_N_CTX = 4096
 
@@ -45,6 +47,7 @@ class ModelConfig:
     n_rs_seq: int = 0                        # recurrent-state snapshots for rollback (hybrids); 0: load_pair
                                              # sizes them to the longest draft
     n_checkpoints: int = 4                   # turn checkpoints of a recurrent state, for prompt reuse
+    load_mtp: bool = False                   # load the multi-token-prediction (nextn) head too, if the file has one
 
     def __post_init__(self):
         _choice("split_mode", self.split_mode, SPLIT_MODES)

@@ -68,9 +68,9 @@ class Pair:
 
     @property
     def draft(self):
-        """The draft model, when the drafter has one."""
+        """The draft model, when the drafter has one (an MTP head is part of the target, not a draft model)."""
         ctx = self.draft_ctx
-        return ctx.model if ctx is not None else None
+        return ctx.model if ctx is not None and ctx.model is not self.target else None
 
     def set_policy(self, policy: DraftPolicy) -> None:
         self.policy = policy if self.drafter is not None else FixedPolicy(0)

@@ -167,7 +167,8 @@ def test_target_and_draft_of_each_shipped_pair_are_one_family():
         if entry.target.is_local:
             continue
         families = [{f for f in FAMILIES if re.search(f, ref.file, re.I)} for ref in entry.models]
-        assert len(families[0]) == 1 and families[0] == families[1], entry.name
+        assert len(families[0]) == 1 and all(f == families[0] for f in families[1:]), entry.name
+        assert len(entry.models) == 2 or entry.drafter in ("mtp", "lookup+mtp", "lookup"), entry.name
 
 
 def test_each_shipped_entry_cites_the_listing_of_both_repos_or_says_it_is_not_checked():
@@ -230,6 +231,23 @@ def test_user_pair_of_local_files_resolves_without_the_hub(tmp_path):
     got_target, got_draft, defaults = registry.resolve_pair("local")
     assert (got_target, got_draft) == (str(target), str(draft))
     assert defaults["n_ctx"] == 1024 and defaults["cache_type_k"] == "q8_0" and defaults["draft_max"] == 3
+
+
+def test_a_pair_drafting_with_the_targets_mtp_head_names_only_the_target(tmp_path):
+    target = write_gguf(tmp_path / "t.gguf")
+    write_user_toml(f'[pairs.own]\ntarget_path = "{target}"\ndrafter = "mtp"\ndraft_max = 3\n'
+                    f'[pairs.nodraft]\ntarget_path = "{target}"\n')
+    with pytest.raises(RegistryError, match="pair 'nodraft': missing draft"):
+        registry.get_pair("own")                 # a pair without a draft needs a drafter that needs none
+    write_user_toml(f'[pairs.own]\ntarget_path = "{target}"\ndrafter = "mtp"\ndraft_max = 3\n')
+    entry = registry.get_pair("own")
+    assert entry.draft is None and entry.models == (entry.target,)
+    got_target, got_draft, defaults = registry.resolve_pair("own")
+    assert (got_target, got_draft) == (str(target), None) and defaults["drafter"] == "mtp"
+    assert models_cli("path", "own").stdout.split() == [str(target)]
+    write_user_toml(f'[pairs.own]\ntarget_path = "{target}"\ndraft_path = "{target}"\ndrafter = "eagle"\n')
+    with pytest.raises(RegistryError, match="drafter must be one of"):
+        registry.get_pair("own")
 
 
 def test_relative_paths_are_relative_to_the_models_toml_that_names_them():

@@ -11,7 +11,8 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
 from .model import Model
-from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log
+from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
+                     nextn_functions)
 from .rollback import NoRollback, Rollback, choose_rollback
 
 
@@ -24,6 +25,10 @@ class Context:
     went back by restoring a checkpoint holds fewer tokens than recorded: the last `n_pending` recorded tokens are
     decoded again in front of the next eval's tokens (the caller sees only the rows it asked for).
     `checkpoint(turn)` marks a position the memory may be asked to come back to.
+
+    `on_decode(tokens, first_position)`, when set, runs after every llama_decode of this context (each chunk of a
+    long eval, every verification, every replay, every single token), while that decode's rows are still readable:
+    an MTP head follows the target through it (`hidden_rows`).
     """
 
     def __init__(self, model: Model, options: ModelConfig = ModelConfig()):
@@ -49,6 +54,7 @@ class Context:
             # recurrent-state snapshots for rollback; llama.cpp aborts on the first decode unless
             # n_ubatch >= n_rs_seq + 2 (n_ubatch = n_batch here, which llama.cpp lowers to n_ctx)
             params.n_rs_seq = min(options.n_rs_seq, max(min(options.n_batch, options.n_ctx) - 2, 0))
+        self._configure(params)
 
         with native_log() as log:
             ptr = llama_cpp.llama_init_from_model(model._ptr, params)
@@ -80,19 +86,46 @@ class Context:
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
         self.decode_calls = 0
+        self.on_decode = None       # callback(tokens, first_position) after each decode (see the class docstring)
+        self._hidden = None         # (base address, view) of the last hidden-state rows (hidden_rows)
         self.rollback_seconds = 0.0  # time saving/restoring state and trimming the cache (keep, checkpoints)
         self.replayed_tokens = 0     # tokens decoded again after a checkpoint restore
 
         self.rollback: Rollback = NoRollback()  # while choose_rollback probes the memory
         self._before_decode, self._checkpoints = None, False
-        self.rollback = choose_rollback(self, options.n_checkpoints)
+        self.rollback = self._choose_rollback()
         hooks = type(self.rollback)
         self._before_decode = None if hooks.before_decode is Rollback.before_decode else self.rollback.before_decode
         self._checkpoints = hooks.checkpoint is not Rollback.checkpoint
 
+    def _configure(self, params) -> None:
+        """Change llama_context_params before the context is made (a subclass's hook)."""
+
+    def _choose_rollback(self) -> Rollback:
+        """How this context's memory goes back (a subclass's hook; runs once, on the empty memory)."""
+        return choose_rollback(self, self.options.n_checkpoints)
+
     @property
     def n_past(self) -> int:
         return len(self.tokens)
+
+    def enable_hidden_rows(self) -> None:
+        """Make llama.cpp keep the final hidden state of every token of each decode (the input of an MTP head)."""
+        ext, why = nextn_functions()
+        if ext is None:
+            raise DecodeError(why)
+        ext.llama_set_embeddings_nextn(self._ptr, True, False)   # unmasked: one row per batch token
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        """(n, n_embd) zero-copy view of the hidden states of the last decode's first n tokens (enable_hidden_rows
+        first); valid until the next decode."""
+        ptr = nextn_functions()[0].llama_get_embeddings_nextn(self._ptr)   # waits for the device
+        if not ptr:
+            raise DecodeError("llama.cpp returned no hidden states for the last decode")
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if self._hidden is None or self._hidden[0] != address:
+            self._hidden = (address, np.ctypeslib.as_array(ptr, shape=(self.n_batch, self.model.n_embd_out)))
+        return self._hidden[1][:n]
 
     @property
     def n_in_memory(self) -> int:
@@ -219,6 +252,8 @@ class Context:
             if rc != 0:
                 self._decode_failed(rc, m)
             self.tokens.extend(chunk.tolist())
+            if self.on_decode is not None:
+                self.on_decode(chunk, self.n_past - m)
             start += m
         return ptr
 
@@ -248,6 +283,8 @@ class Context:
         if rc != 0:
             self._decode_failed(rc, 1)
         self.tokens.append(token)
+        if self.on_decode is not None:
+            self.on_decode((token,), self.n_past - 1)
         return result
 
     def _decode_failed(self, rc: int, m: int):

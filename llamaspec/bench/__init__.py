@@ -157,7 +157,8 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
     sampler = dict(sampler or {})
     modes = [PLAIN] + [m for m in modes if m.policy != "plain"]
     if len(modes) > 1 and not pair.speculative:
-        raise InvalidParameterError("nothing to compare: the benchmark needs a draft model (-md) or --lookup")
+        raise InvalidParameterError("nothing to compare: the benchmark needs a draft model (-md), --lookup-only or "
+                                    "the target's MTP head (--spec-type draft-mtp)")
     if not prompts:
         raise InvalidParameterError("no prompts to benchmark")
     greedy = not sampler.get("temperature")

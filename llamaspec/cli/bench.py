@@ -109,7 +109,7 @@ def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_p
                                    warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update)
         hardware = hardware_info(pair, opts.get("n_threads"))
         header = {"command": command, "target": model_info(pair.target), "draft": model_info(pair.draft),
-                  "hardware": hardware, "prompts": prompt_spec}
+                  "drafter": pair.drafter_kind, "hardware": hardware, "prompts": prompt_spec}
         if as_json:
             click.echo(json.dumps({**header, **report.to_dict()}, indent=2))
         elif as_csv:
@@ -136,6 +136,7 @@ def print_report(header: dict, report, n_prompts: int) -> None:
     target, draft = header["target"], header["draft"]
     click.echo(f"target:   {target['name']} ({target['path']})")
     click.echo(f"draft:    {draft['name']} ({draft['path']})" if draft else "draft:    none")
+    click.echo(f"drafter:  {header['drafter']}")
     click.echo(f"hardware: {header['hardware']['line']}; llama.cpp GPU offload: "
                f"{'yes' if header['hardware']['gpu_offload'] else 'no'}")
     temperature = report.sampler.get("temperature") or 0

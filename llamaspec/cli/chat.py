@@ -260,7 +260,8 @@ def chat(system, **opts):
     try:
         session = ChatSession(pair, system, sampler_kwargs(opts),
                               {k: opts.get(k) for k in ("draft_max", "draft_min", "draft_p_min")})
-        draft = f"draft {pair.draft.path.name}" if pair.draft is not None else "no draft"
+        draft = f"draft {pair.draft.path.name}" if pair.draft is not None else \
+            (f"drafter {pair.drafter_kind}" if pair.speculative else "no draft")
         policy = f", policy {pair.policy.name}" if pair.speculative else ""
         click.echo(dim(f"llamaspec chat: {pair.target.path.name}, {draft}{policy}, context {pair.n_ctx}. "
                        "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit quits."))

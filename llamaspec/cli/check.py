@@ -37,6 +37,13 @@ def print_compatibility(report) -> None:
     click.echo("  => compatible" if report.compatible else f"  => NOT compatible: {report.mismatch}")
 
 
+def describe_mtp_head(mtp) -> str:
+    if mtp is None:
+        return "none (no nextn block: --spec-type draft-mtp cannot draft with it)"
+    return (f"{mtp.n_layers} nextn block(s): weights {gib(mtp.weights)} (in the file; loaded only to draft with "
+            f"it), its context's KV cache {gib(mtp.kv_cache)} and compute {gib(mtp.compute)}")
+
+
 def print_plan(plan, vram_source: str) -> None:
     s = plan.settings
     click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}, "
@@ -93,7 +100,7 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers."""
     from ..gguf.compat import compatibility_report
     from ..gguf.reader import read_model_info
-    from ..gguf.memory import Settings, plan_memory
+    from ..gguf.memory import Settings, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
     from ..loading import rs_snapshots
     from ..policy import make_policy
@@ -102,23 +109,31 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
                                                       "assume_yes": assume_yes})
     target_info = read_model_info(target_path)
     draft_info = read_model_info(draft_path) if draft_path else None
+    mtp = mtp_head_memory(target_info, Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k,
+                                                type_v=cache_type_v, flash_attn=flash_attn != "off"))
+    settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
+                        flash_attn=flash_attn != "off", speculative=draft_info is not None or mtp is not None,
+                        n_rs_seq=rs_snapshots(ModelConfig(n_batch=n_batch), make_policy("auto")))
     for role, info in (("target", target_info), ("draft", draft_info)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
                        f"trained context {info.n_ctx_train})")
             click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
+            if role == "target":
+                click.echo(f"{'':<8}MTP head: {describe_mtp_head(mtp)}")
     report = compatibility_report(target_info, draft_info) if draft_info is not None else None
     if report is not None:
         click.echo()
         print_compatibility(report)
 
     vram_gib, source = (vram, "--vram") if vram is not None else default_vram(main_gpu)
-    settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
-                        flash_attn=flash_attn != "off", speculative=draft_info is not None,
-                        n_rs_seq=rs_snapshots(ModelConfig(n_batch=n_batch), make_policy("auto")))
     plan = plan_memory(target_info, draft_info, settings, int(vram_gib * 2**30), n_gpu_layers, draft_n_gpu_layers)
     click.echo()
     print_plan(plan, source)
+    if mtp is not None and draft_info is None:
+        spare = plan.vram_bytes - plan.gpu_bytes - mtp.kv_cache - mtp.compute
+        click.echo(f"  drafting with the MTP head (--spec-type draft-mtp) adds {gib(mtp.kv_cache + mtp.compute)} "
+                   "on the GPU: " + (f"fits, {gib(spare)} to spare" if spare >= 0 else f"{gib(-spare)} short"))
     if n_ctx > target_info.n_ctx_train > 0:
         click.echo(f"note: context {n_ctx} is beyond the target's trained context {target_info.n_ctx_train}")
     if report is not None and not report.compatible:

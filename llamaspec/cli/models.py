@@ -27,7 +27,8 @@ def list_pairs():
         name = entry.name if entry.verified or entry.target.is_local else entry.name + " *"
         unchecked |= name.endswith("*")
         rows.append((name, f"{entry.vram_gb:g} GB" if entry.vram_gb else "CPU", _model_name(entry.target),
-                     _model_name(entry.draft), _total_size(entry, paths), _status(entry, paths)))
+                     _model_name(entry.draft) if entry.draft else f"({entry.drafter})", _total_size(entry, paths),
+                     _status(entry, paths)))
     _echo_table(rows)
     if unchecked:
         click.echo("* file names not checked against the repo's listing on the hub")
@@ -65,13 +66,14 @@ def pull(name):
     from ..hub import registry
 
     entry = registry.get_pair(name)
-    click.echo(f"pulling {name}: {entry.target.label} + {entry.draft.label} into {registry.hf_cache_dir()}", err=True)
+    labels = " + ".join(ref.label for ref in entry.models)
+    click.echo(f"pulling {name}: {labels} into {registry.hf_cache_dir()}", err=True)
     try:
-        target, draft = registry.pull(entry)
+        paths = registry.pull(entry)
     except KeyboardInterrupt:
         click.echo(f"download interrupted; `llamaspec models pull {name}` continues it", err=True)
         raise
-    click.echo(f"{target}\n{draft}")
+    click.echo("\n".join(str(p) for p in paths))
 
 
 @models.command(cls=Command)
@@ -128,11 +130,11 @@ def _size_text(n_bytes: float) -> str:
 
 
 def _status(entry, paths) -> str:
-    if entry.target.is_local or entry.draft.is_local:
+    if any(ref.is_local for ref in entry.models):
         return "local" if None not in paths else "missing"
     if None not in paths:
         return "downloaded"
-    return "not downloaded" if paths == (None, None) else "partly downloaded"
+    return "not downloaded" if all(p is None for p in paths) else "partly downloaded"
 
 
 def _echo_table(rows) -> None:

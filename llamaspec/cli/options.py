@@ -8,8 +8,8 @@ import traceback
 
 import click
 
-from ..config import (CACHE_TYPES, DEFAULT_N_CTX, FLASH_ATTN_MODES, POLICY_NAMES, SPLIT_MODES, LoadConfig,
-                      ModelConfig)
+from ..config import (CACHE_TYPES, DEFAULT_N_CTX, DRAFTER_KINDS, FLASH_ATTN_MODES, MTP_DRAFTERS, POLICY_NAMES,
+                      SPLIT_MODES, LoadConfig, ModelConfig)
 from ..errors import LlamaspecError
 
 EXIT_ERROR = 1
@@ -127,12 +127,61 @@ def pair_options(func):
                      help="Prompt lookup first, then the draft model."),
         click.option("--lookup-only", "drafter", flag_value="lookup",
                      help="Prompt lookup (n-gram) drafting, no draft model."),
+        click.option("--drafter", "drafter_kind", type=click.Choice(DRAFTER_KINDS), default=None,
+                     help="Where drafts come from: a draft model, prompt lookup, the target's MTP head, or lookup "
+                          "first [default: model]."),
+        click.option("--spec-type", "spec_type", default=None, metavar="TYPES",
+                     help=f"llama.cpp's names, comma-separated: {', '.join(SPEC_TYPES)} (e.g. draft-mtp)."),
         click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts."),
         click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+# llama.cpp's --spec-type names -> llamaspec's drafter kinds (a comma-separated pair: lookup first, as llama.cpp
+# tries its n-gram drafters before the model ones)
+SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "ngram-simple": "lookup"}
+_SPEC_PAIRS = {("lookup", "model"): "lookup+model", ("lookup", "mtp"): "lookup+mtp"}
+_SPEC_ELSEWHERE = ("draft-eagle3", "draft-dflash", "draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+                   "ngram-cache")
+
+
+def spec_type_drafter(value: str) -> str | None:
+    """--spec-type draft-mtp -> "mtp"; "ngram-simple,draft-mtp" -> "lookup+mtp"; "none" -> None (no drafting)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in SPEC_TYPES]
+    if unknown:
+        also = " (a llama.cpp drafter llamaspec does not have)" if unknown[0] in _SPEC_ELSEWHERE else ""
+        raise click.BadParameter(f"{unknown[0]!r}{also}; choose from {', '.join(SPEC_TYPES)}", param_hint="--spec-type")
+    kinds = sorted({SPEC_TYPES[n] for n in names if SPEC_TYPES[n]}, key=lambda k: k != "lookup")
+    if not kinds:
+        return None
+    if len(kinds) == 1:
+        return kinds[0]
+    if tuple(kinds) not in _SPEC_PAIRS:
+        raise click.BadParameter(f"{value!r}: one drafter, or ngram-simple with one other", param_hint="--spec-type")
+    return _SPEC_PAIRS[tuple(kinds)]
+
+
+def chosen_drafter(opts: dict) -> tuple[str | None, bool]:
+    """(drafter kind or None for the default, plain decoding asked for) from --lookup/--lookup-only, --drafter and
+    --spec-type; they must agree."""
+    given = {}
+    for flag, kind in (("--lookup/--lookup-only", opts.get("drafter")), ("--drafter", opts.get("drafter_kind"))):
+        if kind is not None:
+            given[flag] = kind
+    plain = False
+    if opts.get("spec_type") is not None:
+        kind = spec_type_drafter(opts["spec_type"])
+        if kind is None:
+            plain = True
+        else:
+            given["--spec-type"] = kind
+    if len(set(given.values())) > 1:
+        raise click.UsageError(" and ".join(f"{flag} {kind}" for flag, kind in given.items()) + " disagree")
+    return next(iter(given.values()), None), plain
 
 
 def sampler_options(func=None, *, max_tokens: int | None = 256):
@@ -184,8 +233,12 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
                                                confirm=confirm_on_terminal())
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
-    if opts.get("no_draft"):
+    drafter, plain = chosen_drafter(opts)
+    if opts.get("no_draft") or plain:
         draft = None
+        defaults = {k: v for k, v in defaults.items() if k != "drafter"}   # plain decoding: nothing drafts
+    elif drafter in MTP_DRAFTERS and not opts.get("model_draft"):
+        draft = None          # the target's head drafts: a --pair entry's draft model is not loaded
     return str(target), (str(draft) if draft else None), defaults
 
 
@@ -243,5 +296,5 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
         draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
-        draft_p_min=opts.get("draft_p_min"), drafter=opts.get("drafter"), verbose=opts.get("verbose", False))
+        draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     return load_pair(target, draft, config=config)

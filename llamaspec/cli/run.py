@@ -73,6 +73,7 @@ def run(prompt, prompt_file, use_chat, system, stop, as_json, show_stats, **opts
             click.echo(json.dumps({"text": "".join(pieces), "finish_reason": stats.finish_reason,
                                    "model": str(pair.target.path),
                                    "draft": str(pair.draft.path) if pair.draft is not None else None,
+                                   "drafter": pair.drafter_kind,
                                    "stats": stats.to_dict()}, indent=2))
         else:
             click.echo()

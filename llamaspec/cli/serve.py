@@ -65,7 +65,7 @@ def serve(**opts):
         draft = pair.draft.path.name if pair.draft is not None else "none"
         policy = pair.policy.name if pair.speculative else "none"
         ready = (f"llamaspec serve: listening on http://{shown}:{port} (model {model_id!r}, draft {draft}, "
-                 f"policy {policy}; Ctrl-C to stop)")
+                 f"drafter {pair.drafter_kind}, policy {policy}; Ctrl-C to stop)")
         run_server(app, sock, shutdown_timeout=opts["shutdown_timeout"], access_log=opts["access_log"],
                    on_ready=lambda: click.echo(ready, err=True))
         click.echo("llamaspec serve: stopped", err=True)

@@ -67,13 +67,45 @@ def kv_heads_per_layer(info: ModelInfo) -> list[int]:
     return [int(raw)] * info.n_layer
 
 
+def _kv_bytes_per_cell(info: ModelInfo, settings: Settings) -> list[float]:
+    return [h * has_kv * (info.head_dim_k * kv_bytes_per_element(settings.type_k)
+                          + info.head_dim_v * kv_bytes_per_element(settings.type_v))
+            for h, has_kv in zip(kv_heads_per_layer(info), kv_layers(info))]
+
+
 def kv_cache_bytes(info: ModelInfo, settings: Settings, n_layers: int | None = None) -> int:
-    """KV cache of the last `n_layers` layers (all by default) at settings.n_ctx cells."""
-    per_layer = [h * has_kv * (info.head_dim_k * kv_bytes_per_element(settings.type_k)
-                               + info.head_dim_v * kv_bytes_per_element(settings.type_v))
-                 for h, has_kv in zip(kv_heads_per_layer(info), kv_layers(info))]
+    """KV cache of the last `n_layers` trunk layers (all by default) at settings.n_ctx cells. An MTP head's blocks
+    (the last n_layer_nextn) are not the trunk's: their cache belongs to the head's own context (mtp_head_memory)."""
+    per_layer = _kv_bytes_per_cell(info, settings)[:info.n_layer - info.n_layer_nextn]
     layers = per_layer if n_layers is None else per_layer[len(per_layer) - n_layers:] if n_layers else []
     return int(sum(layers) * settings.n_ctx)
+
+
+@dataclass(frozen=True)
+class MTPHeadMemory:
+    """What drafting with a file's multi-token-prediction head adds: its blocks' weights (llama.cpp loads them only
+    for it), the KV cache of its own context (its blocks only, at n_ctx) and that context's compute buffer (logits
+    rows like the target's)."""
+
+    n_layers: int
+    weights: int
+    kv_cache: int
+    compute: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute
+
+
+def mtp_head_memory(info: ModelInfo, settings: Settings) -> MTPHeadMemory | None:
+    """The MTP head's memory, or None when the file has none."""
+    n = info.n_layer_nextn
+    if n <= 0:
+        return None
+    first = info.n_layer - n
+    weights = sum(t.n_bytes for t in info.tensors if (m := _LAYER_TENSOR.match(t.name)) and int(m.group(1)) >= first)
+    kv = int(sum(_kv_bytes_per_cell(info, settings)[first:]) * settings.n_ctx)
+    return MTPHeadMemory(n, weights, kv, compute_buffer_bytes(info, settings))
 
 
 def compute_buffer_bytes(info: ModelInfo, settings: Settings, with_output: bool = True) -> int:

@@ -53,8 +53,9 @@ def cached_path(ref: ModelRef) -> Path | None:
     return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
 
 
-def downloaded(entry: PairEntry) -> tuple[Path | None, Path | None]:
-    return cached_path(entry.target), cached_path(entry.draft)
+def downloaded(entry: PairEntry) -> tuple[Path | None, ...]:
+    """Where each of entry.models is on this machine (None: not there yet)."""
+    return tuple(cached_path(ref) for ref in entry.models)
 
 
 def fetch(ref: ModelRef) -> Path:
@@ -74,13 +75,15 @@ def fetch(ref: ModelRef) -> Path:
     return Path(path)
 
 
-def pull(entry: PairEntry) -> tuple[Path, Path]:
-    """Download both files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
+def pull(entry: PairEntry) -> tuple[Path, ...]:
+    """Download the files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
     from ..gguf.reader import check_pair, read_model_info
 
-    target, draft = fetch(entry.target), fetch(entry.draft)
-    check_pair(read_model_info(target), read_model_info(draft))
-    return target, draft
+    paths = tuple(fetch(ref) for ref in entry.models)
+    infos = [read_model_info(p) for p in paths]
+    if len(infos) == 2:
+        check_pair(*infos)
+    return paths
 
 
 def remove(ref: ModelRef) -> int:

@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from ..config import CACHE_TYPES, POLICY_NAMES
+from ..config import CACHE_TYPES, DRAFTER_KINDS, POLICY_NAMES
 from ..errors import RegistryError
 # the download side, also reachable from here (registry.pull, registry.hf_cache_dir, ...)
 from .download import (HUB_URL, _existing_local, cached_path, downloaded, fetch, hf_cache_dir,  # noqa: F401
@@ -46,6 +46,7 @@ _PAIR_FIELDS = {
     "cache_type_v": ((str,), "a string"),
     "draft_max": ((int,), "an integer"),
     "policy": ((str,), "a string"),
+    "drafter": ((str,), "a string"),
     "verified": ((bool,), "true or false"),
 }
 _MODEL_FIELDS = {
@@ -56,6 +57,8 @@ _MODEL_FIELDS = {
     "size_gb": ((int, float), "a number"),
 }
 _ROLES = ("target", "draft")
+# drafters that need no draft model: a pair of one of them may leave `draft` out (e.g. a target with its MTP head)
+_NO_DRAFT_MODEL = ("lookup", "mtp", "lookup+mtp")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -96,11 +99,12 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class PairEntry:
-    """A named target/draft pair and the settings that fit the GPU memory it was chosen for."""
+    """A named target/draft pair and the settings that fit the GPU memory it was chosen for. `draft` is None when
+    the drafter needs no draft model (drafter = "mtp": the target's own multi-token-prediction head)."""
 
     name: str
     target: ModelRef
-    draft: ModelRef
+    draft: ModelRef | None = None
     note: str = ""
     vram_gb: float = 0
     n_gpu_layers: int = -1
@@ -110,18 +114,23 @@ class PairEntry:
     cache_type_v: str = "f16"
     draft_max: int | None = None
     policy: str = "auto"
+    drafter: str | None = None   # one of DRAFTER_KINDS; None: load_pair's default (a draft model)
     verified: bool = False
     source: str = ""  # the models.toml that defined the entry (or last changed it)
 
     @property
-    def models(self) -> tuple[ModelRef, ModelRef]:
-        return self.target, self.draft
+    def models(self) -> tuple[ModelRef, ...]:
+        """The files of the pair: the target, then the draft when there is one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
 
     def defaults(self) -> dict:
         """Loading and drafting settings, keyed like load_pair's arguments."""
-        return {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "draft_n_gpu_layers": self.draft_n_gpu_layers,
-                "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v, "draft_max": self.draft_max,
-                "policy": self.policy}
+        out = {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "draft_n_gpu_layers": self.draft_n_gpu_layers,
+               "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v, "draft_max": self.draft_max,
+               "policy": self.policy}
+        if self.drafter is not None:
+            out["drafter"] = self.drafter
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,18 +237,21 @@ def _parse_pair(name: str, table, path: Path, text: str) -> PairEntry:
             fields[key] = _typed(where, key, value, _PAIR_FIELDS[key])
         elif key not in {*_ROLES, "target_path", "draft_path"}:
             raise RegistryError(f"{where}: {_unknown_key_message(key, value, name)}")
-    refs = {role: _parse_model(where, role, table, path.parent) for role in _ROLES}
+    optional = ("draft",) if fields.get("drafter") in _NO_DRAFT_MODEL else ()
+    refs = {role: _parse_model(where, role, table, path.parent, role in optional) for role in _ROLES}
     entry = PairEntry(name=name, **refs, **fields, source=str(path))
     _check_values(where, entry)
     return entry
 
 
-def _parse_model(where: str, role: str, table: dict, base_dir: Path) -> ModelRef:
+def _parse_model(where: str, role: str, table: dict, base_dir: Path, optional: bool = False) -> ModelRef | None:
     given, path = table.get(role), table.get(f"{role}_path")
     if given is not None and path is not None:
         raise RegistryError(f"{where}: give either {role} = {{ repo = ..., file = ... }} or {role}_path, not both")
     if path is not None:
         given = {"path": path}
+    if given is None and optional:
+        return None
     if given is None:
         raise RegistryError(f"{where}: missing {role} (a table {{ repo = \"owner/name\", file = \"x.gguf\" }}) "
                             f"or {role}_path")
@@ -291,6 +303,8 @@ def _check_values(where: str, entry: PairEntry) -> None:
         (entry.cache_type_k not in CACHE_TYPES, f"cache_type_k must be one of {', '.join(CACHE_TYPES)}"),
         (entry.cache_type_v not in CACHE_TYPES, f"cache_type_v must be one of {', '.join(CACHE_TYPES)}"),
         (entry.policy not in POLICY_NAMES, f"policy must be one of {', '.join(POLICY_NAMES)}, got {entry.policy!r}"),
+        (entry.drafter is not None and entry.drafter not in DRAFTER_KINDS,
+         f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {entry.drafter!r}"),
     ]
     for failed, message in problems:
         if failed:
@@ -324,9 +338,9 @@ def resolve_pair(name: str, assume_yes: bool = False,
     for ref in entry.models:
         if ref.is_local:
             _existing_local(ref)
-    target, draft = downloaded(entry)
-    if target is None or draft is None:
-        missing = [ref for ref, path in zip(entry.models, (target, draft)) if path is None]
+    paths = downloaded(entry)
+    if None in paths:
+        missing = [ref for ref, path in zip(entry.models, paths) if path is None]
         if not assume_yes:
             files = " and ".join(ref.file + (f" ({ref.size_gb:g} GB)" if ref.size_gb else "") for ref in missing)
             if confirm is None:
@@ -335,5 +349,6 @@ def resolve_pair(name: str, assume_yes: bool = False,
             if not confirm(f"Pair {entry.name!r} needs {files} from Hugging Face. Download now?"):
                 raise RegistryError(f"download declined; `llamaspec models pull {entry.name}` fetches the files "
                                     "later")
-        target, draft = pull(entry)
-    return str(target), str(draft), entry.defaults()
+        paths = pull(entry)
+    target, draft = paths if len(paths) == 2 else (paths[0], None)
+    return str(target), (str(draft) if draft is not None else None), entry.defaults()

@@ -1,0 +1,305 @@
+"""Drafting with the target's own multi-token-prediction head (the `mtp` drafter), on tiny random models with an
+MTP block added by mtp_models.py.
+
+glm4moe is attention-only; qwen35 and qwen35moe are hybrids (their speculation needs bounded rollback of the
+recurrent state, and is skipped with that reason where this llamaspec refuses hybrid targets). Two heads per arch:
+"agree" (predicts what a context-free trunk would; with a little context mixed into the trunk it agrees often but
+not always, so drafts are accepted and rejected) and "random" (its attention matters, so a wrong cache entry
+shows in its logits).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from arch_models import make_arch_model
+from mtp_models import make_mtp_model
+from test_engine_real import CHI2_CRIT_0001, chi_square
+
+from llamaspec import load_pair
+from llamaspec.backend import Context
+from llamaspec.backend.mtp import MTPContext
+from llamaspec.errors import InvalidParameterError, UnsupportedModelError
+from llamaspec.policy import FixedPolicy
+from llamaspec.sampling import SamplerConfig, filtered_probs
+
+ARCHS = ["glm4moe", "qwen35", "qwen35moe"]
+# trunk_mix giving the agreeing head an agreement of about 50-90 % (measured per arch: the trunks' activation
+# scales differ by orders of magnitude)
+AGREE_MIX = {"glm4moe": 1e-4, "qwen35": 0.1, "qwen35moe": 1e-3}
+SETTINGS = dict(no_repack=True, n_ctx=256, n_batch=16, n_threads=2)
+PROMPT = [5, 17, 99, 3, 42, 8, 77, 21, 64, 2, 90, 33, 11, 120, 7, 58, 19, 101, 4, 66, 29, 13]   # > n_batch: chunked
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mtp-models")
+
+
+def mtp_pair(path, drafter="mtp", k=3, p_min=0.0, **kwargs):
+    """load_pair with the MTP drafter; skips where this build refuses speculation on hybrid targets."""
+    try:
+        pair = load_pair(str(path), drafter=drafter, **{**SETTINGS, **kwargs})
+    except UnsupportedModelError as e:
+        if "cannot drop rejected draft tokens" in str(e):
+            pytest.skip(f"speculation on this hybrid target needs bounded rollback: {e}")
+        raise
+    pair.set_policy(FixedPolicy(k, p_min))
+    return pair
+
+
+def plain_tokens(path, prompt, n):
+    with load_pair(str(path), **SETTINGS) as pair:
+        return pair.generate(prompt, max_tokens=n).tokens
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("drafter, k, p_min", [("mtp", 1, 0.0), ("mtp", 3, 0.0), ("mtp", 3, 0.3),
+                                               ("lookup+mtp", 3, 0.0)])
+def test_greedy_output_equals_plain_decoding_with_accepted_drafts(model_dir, arch, drafter, k, p_min):
+    # p_min 0: llama.cpp takes the head's argmax on the device; p_min > 0: its logits come out for the stop rule
+    path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
+    expected = plain_tokens(path, PROMPT, 48)
+    with mtp_pair(path, drafter, k, p_min) as pair:
+        assert pair.drafter_kind == drafter
+        c = pair.generate(PROMPT, max_tokens=48)
+    assert c.tokens == expected
+    assert c.stats.accepted > 0                           # the head's drafts were really used
+    if k > 1:
+        assert c.stats.accepted < c.stats.drafted         # ... and rejected: the rollback was exercised
+
+
+def reference_probe(pair, history, token, chunk, corrupt=None):
+    """The head's logits for `token` after `history`, from fresh caches: a target context decodes the history in
+    chunks of `chunk` tokens, an MTP context decodes (x_i, h_{i-1}) for every position in the same chunks (with
+    h_{corrupt-1} zeroed when `corrupt` is a position: one wrong entry)."""
+    ref = Context(pair.target, pair.target_ctx.options)
+    head = MTPContext(ref)
+    try:
+        h = np.zeros((len(history) + 1, head.n_embd), np.float32)        # h[i + 1] = the target's state at i
+        for a in range(0, len(history), chunk):
+            part = history[a:a + chunk]
+            ref.eval(part, logits="none")
+            h[a + 1:a + 1 + len(part)] = ref.hidden_rows(len(part))
+        h_in = h.copy()
+        if corrupt is not None:
+            h_in[corrupt] = 0.0
+        for a in range(0, len(history), chunk):
+            b = min(a + chunk, len(history))
+            head.decode(history[a:b], h_in[a], h_in[a + 1:b])
+        head.decode([token], h[-1], output="logits")
+        return head.last_logits().copy(), h[-1].copy()
+    finally:
+        head.close()
+        ref.close()
+
+
+def assert_head_cache_is_the_one_pass_cache(pair):
+    """The drafter's head holds the entries a catch-up over the committed history would make. The tolerance is the
+    rounding noise measured here (one-token against batched decoding); one wrong entry must exceed it tenfold."""
+    history = list(pair.target_ctx.tokens)
+    head = pair.draft_ctx
+    pair.drafter.sync(history)                           # the head catches up lazily, when it drafts
+    assert head.tokens == history
+    token, chunk = 9, pair.target_ctx.n_batch
+    expected, h_last = reference_probe(pair, history, token, chunk)
+    noise = np.abs(reference_probe(pair, history, token, 1)[0] - expected).max()
+    tolerance = max(3 * noise, 1e-5 * np.abs(expected).max())
+    wrong = np.abs(reference_probe(pair, history, token, chunk, corrupt=len(history) // 2)[0] - expected).max()
+    assert wrong > 10 * tolerance, f"the probe cannot tell a wrong entry ({wrong}) from noise ({tolerance})"
+    head.decode([token], h_last, output="logits")
+    got = head.last_logits().copy()
+    head.keep(len(history))
+    assert np.abs(got - expected).max() <= tolerance
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_head_cache_stays_consistent_over_rollbacks_turns_and_regenerations(model_dir, arch):
+    path = make_mtp_model(arch, model_dir, head="random")
+    turn2 = None
+    with mtp_pair(path, "mtp", 3) as pair:
+        c1 = pair.generate(PROMPT, max_tokens=24)               # chunked prefill, then rejected drafts
+        assert c1.stats.drafted > c1.stats.accepted
+        assert_head_cache_is_the_one_pass_cache(pair)
+        turn2 = PROMPT + c1.tokens + [50, 51, 52]               # the next turn extends the conversation
+        c2 = pair.generate(turn2, max_tokens=16)
+        assert_head_cache_is_the_one_pass_cache(pair)
+        again = pair.generate(turn2, max_tokens=16)             # regenerate: starts inside what the caches hold
+        assert again.tokens == c2.tokens
+        assert_head_cache_is_the_one_pass_cache(pair)
+        pair.reset()
+        assert pair.draft_ctx.n_past == 0
+        assert pair.generate(turn2, max_tokens=16).tokens == c2.tokens
+    assert c1.tokens == plain_tokens(path, PROMPT, 24)
+    assert c2.tokens == plain_tokens(path, turn2, 16)
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
+def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens(model_dir, arch):
+    path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
+    cfg = SamplerConfig(temperature=1.0, top_k=3)
+    prompt = PROMPT[:6]
+    with mtp_pair(path, "mtp", 3) as pair:
+        ref = Context(pair.target, pair.target_ctx.options)    # the target alone, a fresh cache per prefix
+        p1 = filtered_probs(ref.eval(prompt)[0], cfg).astype(np.float64)    # p(x1 | prompt)
+        joint = np.zeros((pair.n_vocab, pair.n_vocab))
+        for x1 in np.flatnonzero(p1):                                         # p(x1, x2) = p(x1) p(x2 | x1)
+            ref.clear()
+            joint[x1] = p1[x1] * filtered_probs(ref.eval(prompt + [int(x1)])[0], cfg)
+        ref.close()
+        counts = np.zeros_like(joint)
+        drafted = accepted = 0
+        for seed in range(200):
+            c = pair.generate(prompt, max_tokens=2, temperature=1.0, top_k=3, seed=seed)
+            counts[c.tokens[0], c.tokens[1]] += 1
+            drafted += c.stats.drafted
+            accepted += c.stats.accepted
+    assert accepted > 0 and accepted < drafted       # q was used, and rejections drew from the residual
+    assert counts[joint == 0].sum() == 0
+    stat, dof = chi_square(counts.ravel(), joint.ravel())
+    assert dof >= 3
+    assert stat < CHI2_CRIT_0001[dof], f"chi2={stat:.1f} with {dof} dof"
+
+
+def test_a_model_without_an_mtp_head_is_a_one_line_error(model_dir):
+    plain = make_arch_model("glm4moe", model_dir, seed=1, stdev=0.5)
+    with pytest.raises(UnsupportedModelError) as err:
+        load_pair(str(plain), drafter="mtp", **SETTINGS)
+    message = str(err.value)
+    assert str(plain) in message and "no multi-token-prediction (MTP) head" in message and "\n" not in message
+
+
+def test_mtp_with_a_draft_model_is_refused(model_dir):
+    path = make_mtp_model("glm4moe", model_dir, head="random")
+    with pytest.raises(InvalidParameterError, match="own MTP head"):
+        load_pair(str(path), str(path), drafter="mtp", **SETTINGS)
+
+
+def test_a_build_without_the_nextn_functions_refuses_mtp_but_decodes_plainly(model_dir, monkeypatch):
+    from llamaspec.backend import native
+
+    path = make_mtp_model("glm4moe", model_dir, head="random")
+    monkeypatch.setattr(native, "_NEXTN", [(None, "this llama-cpp-python cannot run an MTP head (test)")])
+    with pytest.raises(UnsupportedModelError, match="cannot run an MTP head"):
+        load_pair(str(path), drafter="mtp", **SETTINGS)
+    with load_pair(str(path), **SETTINGS) as pair:          # the same file still decodes without its head
+        assert len(pair.generate(PROMPT, max_tokens=4).tokens) == 4
+
+
+def test_closing_the_drafter_unhooks_the_target(model_dir):
+    path = make_mtp_model("glm4moe", model_dir, head="random")
+    pair = mtp_pair(path)
+    assert pair.target_ctx.on_decode is not None
+    pair.drafter.close()
+    assert pair.target_ctx.on_decode is None
+    pair.drafter = None
+    pair.close()
+
+
+def test_cli_spec_type_draft_mtp_runs_the_head(model_dir):
+    import json
+
+    from llamaspec.cli import main
+
+    path = make_mtp_model("glm4moe", model_dir, head="agree", trunk_mix=AGREE_MIX["glm4moe"])
+    args = ["run", "-m", str(path), "--spec-type", "draft-mtp", "--draft-max", "3", "--policy", "fixed",
+            "-c", "256", "-t", "2", "--no-repack", "-n", "12", "--json", "tok_1 tok_2 tok_3"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["drafter"] == "mtp" and out["stats"]["accepted"] > 0
+    bad = CliRunner().invoke(main, ["run", "-m", str(make_arch_model("glm4moe", model_dir, seed=1, stdev=0.5)),
+                                    "--spec-type", "draft-mtp", "--no-repack", "-n", "2", "x"])
+    assert bad.exit_code == 1 and "no multi-token-prediction" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_check_reports_the_mtp_head_with_the_kv_cache_llama_cpp_allocates(model_dir):
+    import re
+
+    from llamaspec.backend import Model
+    from llamaspec.cli import main
+    from llamaspec.config import ModelConfig
+    from llamaspec.gguf.memory import Settings, mtp_head_memory
+    from llamaspec.gguf.reader import read_model_info
+
+    path = make_mtp_model("qwen35", model_dir, head="random")
+    head = mtp_head_memory(read_model_info(path), Settings(n_ctx=1024, n_ubatch=64))
+    config = ModelConfig(n_ctx=1024, n_batch=64, n_threads=2, no_repack=True, load_mtp=True)
+    model = Model(path, config)
+    target = Context(model, config)
+    mtp = MTPContext(target)
+    allocated = float(re.search(r"llama_kv_cache: size =\s+([\d.]+) MiB", mtp.load_log).group(1))
+    mtp.close(), target.close(), model.close()
+    assert head.n_layers == 1 and abs(head.kv_cache / 2**20 - allocated) < 0.01
+    out = CliRunner().invoke(main, ["check", str(path), "-c", "1024", "-b", "64", "--vram", "1"])
+    assert out.exit_code == 0, out.output
+    assert "MTP head: 1 nextn block(s)" in out.stdout and "drafting with the MTP head" in out.stdout
+    plain = CliRunner().invoke(main, ["check", str(make_arch_model("qwen35", model_dir, seed=1, stdev=0.5)),
+                                      "--vram", "1"])
+    assert "MTP head: none" in plain.stdout and "drafting with the MTP head" not in plain.stdout
+
+
+@pytest.mark.parametrize("arch, layers, message", [("llama", 1, "no MTP graph for the llama architecture"),
+                                                   ("qwen35", 2, "2 chained MTP heads")])
+def test_heads_llama_cpp_cannot_run_are_refused_from_the_header(model_dir, arch, layers, message):
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    src = make_arch_model(arch, model_dir, seed=1, stdev=0.5)
+    dst = model_dir / f"{arch}-claims-{layers}-heads.gguf"
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), arch)
+    for key, field in r.fields.items():
+        empty_array = field.types == [GGUFValueType.ARRAY]     # no element type to copy
+        if key.startswith("GGUF.") or key == "general.architecture" or empty_array:
+            continue
+        value = layers if key == f"{arch}.nextn_predict_layers" else field.contents()
+        w.add_key_value(key, value, field.types[0], sub_type=field.types[1] if len(field.types) > 1 else None)
+    if f"{arch}.nextn_predict_layers" not in r.fields:
+        w.add_uint32(f"{arch}.nextn_predict_layers", layers)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(UnsupportedModelError, match=message):
+        load_pair(str(dst), drafter="mtp", **SETTINGS)      # before any weights load: llama.cpp would abort
+
+
+def test_server_drafts_with_the_head_and_says_so(model_dir, tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    path = make_mtp_model("glm4moe", model_dir, head="agree", trunk_mix=AGREE_MIX["glm4moe"])
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(path), "--spec-type", "draft-mtp", "--policy",
+           "fixed", "--draft-max", "3", "-c", "256", "-t", "1", "--no-repack", "--port", "0"]
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url = found.group(1)
+        assert "drafter mtp" in log.read_text()
+        info = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["llamaspec"]
+        assert info["drafter"] == "mtp" and info["draft"] is None
+        r = httpx.post(f"{url}/v1/completions", json={"model": path.stem, "prompt": PROMPT, "max_tokens": 24,
+                                                       "temperature": 0}, timeout=60).json()
+        assert r["choices"][0]["text"] == plain_text(path, PROMPT, 24)
+        assert r["llamaspec"]["accepted"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def plain_text(path, prompt, n):
+    with load_pair(str(path), **SETTINGS) as pair:
+        return pair.generate(prompt, max_tokens=n).text
