@@ -4,7 +4,10 @@ prompts and files in one run. Prints a markdown report (also written to --out) w
     python benchmarks/bench_engine.py --target T.gguf --draft D.gguf [--tools DIR] [--no-repack] [--tokens 128]
 
 --tools is the folder holding llama-speculative-simple (benchmarks/build-llama-tools.sh prints it). Greedy and
-T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation.
+T=0.8 are both measured (--temps). --top-k/--top-p/--min-p apply to both engines: llama.cpp gets them explicitly,
+with temperature first in its chain as in llamaspec (its own defaults, top-k 40, top-p 0.95, min-p 0.05 with
+temperature last, would otherwise apply to it alone). Each mode runs every prompt once after one warm-up
+generation. The report says where llamaspec's filters ran (on the device or in numpy).
 """
 from __future__ import annotations
 
@@ -79,11 +82,11 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
 
 
-def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: int = 0) -> Row:
+def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filters: dict, seed: int = 0) -> Row:
     row = Row(mode, temperature)
     for i, prompt in enumerate(prompts):
         pair.reset()
-        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i)
+        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i, **filters)
         s = c.stats
         row.tokens += s.tokens_generated
         row.seconds += s.decode_time
@@ -97,12 +100,14 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
 
 
 def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: int, k: int, temperature: float,
-                   threads: int, no_repack: bool, extra: list[str]) -> dict:
+                   filters: dict, threads: int, no_repack: bool, extra: list[str]) -> dict:
     exe = tools / "llama-speculative-simple"
     cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--spec-type", "draft-simple",
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
            "-t", str(threads), "-td", str(threads), "-c", "2048",
-           "--temp", str(temperature), "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
+           "--temp", str(temperature), "--top-k", str(filters["top_k"]), "--top-p", str(filters["top_p"]),
+           "--min-p", str(filters["min_p"]), "--samplers", "temperature;top_k;top_p;min_p",
+           "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
     if no_repack:
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
@@ -132,6 +137,9 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
                     help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
     ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off (both engines)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off (both engines)")
+    ap.add_argument("--min-p", type=float, default=0.0, help="0 = off (both engines)")
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
@@ -141,13 +149,15 @@ def main() -> None:
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     temps = [float(t) for t in a.temps.split(",")]
+    filters = {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p}
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {Path(a.target).name}; draft: {Path(a.draft).name}",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
-             f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+             f"date {time.strftime('%Y-%m-%d %H:%M')}",
+             f"- sampling filters at T > 0 (both engines): top_k {a.top_k}, top_p {a.top_p}, min_p {a.min_p}", ""]
     ks = [int(k) for k in a.k.split(",")]
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn)
@@ -165,10 +175,10 @@ def main() -> None:
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
-            rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
+            rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
-            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
+            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
                                    a.no_repack, a.llama_extra.split()) for p in prompts]
             llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
@@ -178,7 +188,9 @@ def main() -> None:
             if k == ks[0]:
                 lines.append(f"- llama.cpp command (first prompt): `{runs[0]['cmd']}`")
         plain = next(r for r in rows if r.mode == "plain")
-        lines += [f"## temperature {temperature}", "",
+        where = "" if not temperature else \
+            f" (llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'})"
+        lines += [f"## temperature {temperature}{where}", "",
                   "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:

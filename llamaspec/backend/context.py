@@ -224,10 +224,11 @@ class Context:
         with native_log():
             ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
         # llama.cpp attaches a chain even when only a prefix of it can run in the graph (the rest would be left
-        # for the host); after attaching, each sampler that runs there is named with a leading '+'
+        # for the host); after attaching, each sampler that runs there is named with a leading '+' ('?': a no-op,
+        # such as temperature 1)
         names = [llama_cpp.llama_sampler_name(llama_cpp.llama_sampler_chain_get(chain, i)) or b""
                  for i in range(llama_cpp.llama_sampler_chain_n(chain))]
-        if not ok or not all(name.startswith(b"+") for name in names):
+        if not ok or not all(name[:1] in (b"+", b"?") for name in names):
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(chain)
             return False
