@@ -5,8 +5,12 @@ prompts and files in one run. Prints a markdown report (also written to --out) w
     python benchmarks/bench_engine.py --target T-with-MTP.gguf --drafter mtp [--tools DIR] ...
 
 --tools is the folder holding llama-speculative-simple (benchmarks/build-llama-tools.sh prints it). Greedy and
-T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation. With --drafter mtp the target's
-own multi-token-prediction head drafts (no --draft), and llama.cpp runs `--spec-type draft-mtp` on the same file.
+T=0.8 are both measured (--temps). --top-k/--top-p/--min-p apply to both engines: llama.cpp gets them explicitly,
+with temperature first in its chain as in llamaspec (its own defaults, top-k 40, top-p 0.95, min-p 0.05 with
+temperature last, would otherwise apply to it alone). Each mode runs every prompt once after one warm-up
+generation. The report says where llamaspec's filters ran (on the device or in numpy). With --drafter mtp the
+target's own multi-token-prediction head drafts (no --draft), and llama.cpp runs `--spec-type draft-mtp` on the
+same file.
 """
 from __future__ import annotations
 
@@ -81,11 +85,11 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
 
 
-def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: int = 0) -> Row:
+def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filters: dict, seed: int = 0) -> Row:
     row = Row(mode, temperature)
     for i, prompt in enumerate(prompts):
         pair.reset()
-        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i)
+        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i, **filters)
         s = c.stats
         row.tokens += s.tokens_generated
         row.seconds += s.decode_time
@@ -99,14 +103,17 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
 
 
 def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_tokens: int, k: int,
-                   temperature: float, threads: int, no_repack: bool, extra: list[str]) -> dict:
+                   temperature: float, filters: dict, threads: int, no_repack: bool, extra: list[str]) -> dict:
     """One llama-speculative-simple run: a draft model (draft-simple), or the target's MTP head (draft=None)."""
     exe = tools / "llama-speculative-simple"
     drafting = (["-md", draft, "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "99"] if draft
                 else ["--spec-type", "draft-mtp"])
     cmd = [str(exe), "-m", target, *drafting, "-p", prompt, "-n", str(n_tokens),
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-           "-t", str(threads), "-c", "2048", "--temp", str(temperature), "--seed", "1", "-ngl", "99", *extra]
+           "-t", str(threads), "-c", "2048",
+           "--temp", str(temperature), "--top-k", str(filters["top_k"]), "--top-p", str(filters["top_p"]),
+           "--min-p", str(filters["min_p"]), "--samplers", "temperature;top_k;top_p;min_p",
+           "--seed", "1", "-ngl", "99", *extra]
     if no_repack:
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
@@ -141,6 +148,9 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
                     help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
     ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off (both engines)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off (both engines)")
+    ap.add_argument("--min-p", type=float, default=0.0, help="0 = off (both engines)")
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
@@ -152,6 +162,7 @@ def main() -> None:
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     temps = [float(t) for t in a.temps.split(",")]
+    filters = {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p}
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
@@ -159,7 +170,8 @@ def main() -> None:
              f"drafter: {a.drafter}",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
-             f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+             f"date {time.strftime('%Y-%m-%d %H:%M')}",
+             f"- sampling filters at T > 0 (both engines): top_k {a.top_k}, top_p {a.top_p}, min_p {a.min_p}", ""]
     ks = [int(k) for k in a.k.split(",")]
     # n_rs_seq: a hybrid target keeps a recurrent-state snapshot per draft token of the longest draft any mode asks
     # for (auto's default maximum is 12); other archs ignore it
@@ -180,10 +192,10 @@ def main() -> None:
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
-            rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
+            rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
-            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
+            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
                                    a.no_repack, a.llama_extra.split()) for p in prompts]
             llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
@@ -193,7 +205,9 @@ def main() -> None:
             if k == ks[0]:
                 lines.append(f"- llama.cpp command (first prompt): `{runs[0]['cmd']}`")
         plain = next(r for r in rows if r.mode == "plain")
-        lines += [f"## temperature {temperature}", "",
+        where = "" if not temperature else \
+            f" (llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'})"
+        lines += [f"## temperature {temperature}{where}", "",
                   "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:

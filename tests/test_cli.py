@@ -297,6 +297,31 @@ def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
     assert lines[1].startswith("plain,") and lines[2].startswith("k=2,fixed,2,")
 
 
+def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_models, prompt_file):
+    args = ["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "6", "--k", "2",
+            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup"]
+    result = invoke(args + ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["temperatures"] == [0.0, 0.8, 1.5] and data["sampler"]["top_k"] == 20
+    assert [(r["temperature"], r["mode"]) for r in data["results"]] == [
+        (t, m) for t in (0.0, 0.8, 1.5) for m in ("plain", "k=2")]
+    for r in data["results"]:
+        assert r["tokens"] == 12 and (r["same_output"] is None) == (r["temperature"] > 0)
+        if r["mode"] == "plain":
+            assert r["speedup"] == 1.0  # against plain decoding at the same temperature
+    table = invoke(args)
+    assert table.exit_code == 0, table.output
+    assert "temperatures 0, 0.8, 1.5" in table.stdout and "top_k 20" in table.stdout
+    assert re.search(r"^temp\s+mode\s", table.stdout, re.M)
+    assert re.search(r"^0\.8\s+k=2\s+2\s", table.stdout, re.M) and re.search(r"^1\.5\s+plain\s", table.stdout, re.M)
+
+
+def test_bench_bad_temperature_list_is_one_line_error(tiny_models):
+    assert_one_line_error(invoke(["bench", *pair_args(tiny_models), "--temps", "0,hot"]), "--temps", code=1)
+    assert_one_line_error(invoke(["bench", *pair_args(tiny_models), "--temps", "0.8,-1"]), "--temps", code=1)
+
+
 def test_builtin_prompt_sets_have_six_to_ten_prompts():
     assert set(PROMPT_SETS) == {"code", "prose", "grounded"}
     for name, prompts in PROMPT_SETS.items():
@@ -330,6 +355,11 @@ def test_bench_plot_writes_a_png(tiny_models, prompt_file, tmp_path):
                      "--policies", "auto", "--no-warmup", "--plot", out])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep = tmp_path / "sweep.png"  # against temperature
+    result = invoke(["bench", *pair_args(tiny_models), "--prompts", prompt_file, "-n", "4", "--k", "2",
+                     "--temps", "0,1", "--no-warmup", "--plot", sweep])
+    assert result.exit_code == 0, result.output
+    assert sweep.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
