@@ -7,6 +7,7 @@ probability falls below it (llama.cpp's --draft-p-min). Policies know nothing ab
 from __future__ import annotations
 
 import abc
+from bisect import bisect_left, insort
 from collections import deque
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
@@ -100,89 +101,126 @@ class ThresholdPolicy(DraftPolicy):
 
 
 class AutoPolicy(DraftPolicy):
-    """Pick k to maximise expected tokens per second under a measured cost model.
+    """Pick k to maximise expected tokens per second under a measured cost model, never losing much to plain
+    decoding where speculation cannot pay.
 
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
     time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
-    k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding. When plain decoding wins, a short
-    draft is still tried now and then (after `probe_every` steps, the interval doubling while probes confirm it;
-    only every `max_probe_interval` steps when even a perfect draft could not pay on this machine), so the
-    estimates recover when the text gets easier.
-    All estimates are exponentially decayed averages, so the policy follows changes within a request.
+    k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding.
+
+    One object serves a pair for its lifetime: the machine's costs (t_verify, t_draft) do not change between
+    requests, so what it measured stays. How it spends its steps:
+    1. Its first step is plain (a draft not yet prefilled would delay the first token), the second drafts
+       `k_start` tokens: one plain pass, one short verification and the draft's cost per token.
+    2. Perfect-draft bound: when even a draft that is always right could not beat plain decoding by `min_gain`
+       on these costs, acceptance is beside the point: it stays plain and re-measures the costs with a 2-token
+       draft every `recheck_every` steps.
+    3. Otherwise it drafts the best k. When plain decoding wins it probes with a 1-token draft after
+       `probe_every` plain steps, the interval doubling up to `max_probe_interval` while probes fail.
+    Exploration is paid from a credit: every step earns `loss_budget` of its time, and a step that drafted pays
+    what it lost against plain decoding (its time minus tokens x t_verify(1); a step that gained earns it). Probes
+    and optimistic estimates (which try longer drafts than the evidence supports) need credit, so exploring costs
+    at most about `loss_budget` of the time; drafting on the plain estimates needs none.
+    Estimates are decayed averages (weights normalised, so the first samples are plain means), so the policy
+    follows changes within a request. Plain steps cost O(1) here; a decision is made after each drafted step.
     """
 
     name = "auto"
 
     def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 16,
-                 max_probe_interval: int = 1024, decay: float = 0.95):
+                 max_probe_interval: int = 128, recheck_every: int = 1024, min_gain: float = 1.2,
+                 loss_budget: float = 0.01, credit_steps: int = 16, decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
         self.k_start = min(_check_k("k_start", k_start, 1), self.k_max)
         self.probe_every = _check_k("probe_every", probe_every, 1)
         self.max_probe_interval = max(_check_k("max_probe_interval", max_probe_interval, 1), self.probe_every)
-        self._probe_interval = self.probe_every
+        self.recheck_every = _check_k("recheck_every", recheck_every, 1)
+        if not isinstance(min_gain, (int, float)) or min_gain < 1.0:
+            raise InvalidParameterError(f"min_gain must be >= 1, got {min_gain!r}", param="min_gain")
+        self.min_gain = float(min_gain)
+        self.loss_budget = _check_p("loss_budget", loss_budget)
+        self.credit_steps = _check_k("credit_steps", credit_steps, 1)
         self.decay = decay
         # acceptance at each draft position: decayed (accepted, tried) counts with a weak prior of 0.6
         self._prior_weight = 0.5
         self._acc = [0.6 * self._prior_weight] * (self.k_max + 1)
         self._tried = [self._prior_weight] * (self.k_max + 1)
-        self._t_draft: float | None = None          # seconds per drafted token
-        self._t_verify: dict[int, float] = {}       # batch size -> seconds per target pass
-        self._steps = 0
+        # decayed sums and weights: estimate = sum / weight
+        self._verify_sum: dict[int, float] = {}      # batch size -> seconds per target pass
+        self._verify_weight: dict[int, float] = {}
+        self._sizes: list[int] = []                  # measured batch sizes, sorted
+        self._draft_sum = self._draft_weight = 0.0   # seconds and tokens drafted
+        self._k = 0
+        self._since_draft = 1 << 30   # plain steps since the last drafted one: how far the drafter is behind
         self._since_probe = 0
-        self._k = self.k_start
+        self._probe_interval = self.probe_every
+        self._probing = False         # the current draft length is a probe
+        self._credit = 0.0            # seconds exploration may still lose against plain decoding
+        self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
 
     # -- estimates ---------------------------------------------------------------------------------------------
+    @property
+    def t_draft(self) -> float | None:
+        return self._draft_sum / self._draft_weight if self._draft_weight else None
+
     def acceptance(self, position: int, optimistic: bool = False) -> float:
         """Acceptance at a draft position given the earlier ones were accepted; a position never tried borrows
         the estimate of the one before it (acceptance changes slowly along a draft). `optimistic` adds an
         upper-confidence bonus that shrinks as a position is tried, so rarely reached positions get tried."""
         while position > 1 and self._tried[position] <= self._prior_weight:
             position -= 1
+        return self._acceptance_at(position, optimistic)
+
+    def _acceptance_at(self, position: int, optimistic: bool) -> float:
         tried = self._tried[position]
         estimate = self._acc[position] / tried
         # position 1 is judged at every draft, so it needs no bonus (and must not keep a useless draft alive)
         return min(1.0, estimate + 0.3 / tried ** 0.5) if optimistic and position > 1 else estimate
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
-        """t_verify(n): measured when seen; otherwise a line through the measured points (at least the slope
-        implied by one point and a 10% cost per extra token, never cheaper than a smaller measured batch).
-        Beyond the largest measured batch, `optimistic` halves the slope: verify cost usually flattens (a GPU
-        verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft."""
-        seen = self._t_verify
-        if not seen:
+        """t_verify(n): measured when seen; between measured sizes, the line through the two around it. Beyond
+        the largest, the chord from the smallest: a long baseline that timing noise cannot tilt (a concave curve
+        makes it pessimistic); `optimistic` takes half the slope of the last two points instead: verify cost
+        usually flattens (a GPU verifies 9 tokens for little more than 5), and the only way to learn that is to
+        try a longer draft. With one size measured: a 10% cost per extra token."""
+        xs = self._sizes
+        if not xs:
             return None
-        if n in seen:
-            return seen[n]
-        xs = sorted(seen)
+        if n in self._verify_weight:
+            return self._verify_sum[n] / self._verify_weight[n]
+        seen = lambda x: self._verify_sum[x] / self._verify_weight[x]  # noqa: E731
         if len(xs) == 1:
             x0 = xs[0]
-            return seen[x0] * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else seen[x0] * n / x0
-        lo = max((x for x in xs if x < n), default=None)
-        hi = min((x for x in xs if x > n), default=None)
-        if lo is not None and hi is not None:
+            return seen(x0) * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else seen(x0) * n / x0
+        i = bisect_left(xs, n)
+        if 0 < i < len(xs):
+            lo, hi = xs[i - 1], xs[i]
             w = (n - lo) / (hi - lo)
-            return seen[lo] * (1 - w) + seen[hi] * w
-        a, b = (xs[-2], xs[-1]) if hi is None else (xs[0], xs[1])
-        slope = max((seen[b] - seen[a]) / (b - a), 0.0) * (0.5 if optimistic and hi is None else 1.0)
-        base = seen[a] if hi is not None else seen[b]
-        anchor = a if hi is not None else b
-        return max(base + slope * (n - anchor), 1e-9)
+            return seen(lo) * (1 - w) + seen(hi) * w
+        if i == 0:  # below the smallest measured size: the line through the two smallest
+            a, b = xs[0], xs[1]
+            return max(seen(a) + (seen(b) - seen(a)) / (b - a) * (n - a), 1e-9)
+        a, b = (xs[-2] if optimistic else xs[0]), xs[-1]
+        slope = max((seen(b) - seen(a)) / (b - a), 0.0) * (0.5 if optimistic else 1.0)
+        return seen(b) + slope * (n - b)
 
     def _speeds(self, k_max: int, optimistic: bool):
         """(k, expected tokens per second) for k = 0..k_max, as far as the estimates reach, in one pass:
         tokens(k) grows by the chance of accepting all of d_1..d_k."""
-        if not self._t_verify:
+        if not self._sizes:
             return
-        t_draft = self._t_draft or 0.0
-        tokens, run = 1.0, 1.0
+        t_draft = self.t_draft
+        tokens, run, estimate = 1.0, 1.0, 0.0
         for k in range(k_max + 1):
             if k > 0:
-                if self._t_draft is None:
+                if t_draft is None:
                     return
-                run *= self.acceptance(k, optimistic)
+                if k == 1 or self._tried[k] > self._prior_weight:  # else: borrow the last tried position's
+                    estimate = self._acceptance_at(k, optimistic)
+                run *= estimate
                 tokens += run
-            yield k, tokens / (k * t_draft + self.verify_time(k + 1, optimistic))
+            yield k, tokens / (k * (t_draft or 0.0) + self.verify_time(k + 1, optimistic))
 
     def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
         last = None
@@ -190,59 +228,93 @@ class AutoPolicy(DraftPolicy):
             last = speed if j == k else None
         return last
 
-    def _best_k(self) -> int:
-        """argmax_k expected_speed(k, optimistic=True) (ties go to the longer draft)."""
-        if not self._t_verify:
-            return self.k_start
-        return max(self._speeds(self.k_max, optimistic=True), key=lambda ks: (ks[1], ks[0]))[0]
+    def _best_k(self, optimistic: bool) -> int:
+        """argmax_k expected_speed(k) (ties go to the longer draft)."""
+        return max(self._speeds(self.k_max, optimistic), key=lambda ks: (ks[1], ks[0]))[0]
 
     def perfect_draft_gain(self) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
         on this machine whatever the text, and probing acceptance is pointless."""
-        plain = self.verify_time(1)
-        if plain is None or self._t_draft is None:
+        plain, t_draft = self.verify_time(1), self.t_draft
+        if plain is None or t_draft is None:
             return None
-        best = max((k + 1) / (k * self._t_draft + self.verify_time(k + 1)) for k in range(1, self.k_max + 1))
+        best = max((k + 1) / (k * t_draft + self.verify_time(k + 1)) for k in range(1, self.k_max + 1))
         return best * plain
+
+    def _probe_loss(self, k: int) -> float:
+        """Seconds a k-token probe loses against plain decoding if nothing is accepted."""
+        return k * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
 
     # -- the two questions ----------------------------------------------------------------------------------
     def next_draft_len(self) -> int:
         return self._k
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        self._steps += 1
-        d = self.decay
-        n = drafted + 1
-        old = self._t_verify.get(n)
-        self._t_verify[n] = verify_seconds if old is None else d * old + (1 - d) * verify_seconds
-        if drafted:
-            per_token = draft_seconds / drafted
-            self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
-            for j in range(1, drafted + 1):
-                if j > accepted + 1:
-                    break  # positions after the first rejection were never judged
-                self._tried[j] = d * self._tried[j] + 1.0
-                self._acc[j] = d * self._acc[j] + (1.0 if j <= accepted else 0.0)
-
-        if self._steps == 1 and 1 not in self._t_verify:
-            self._k = 0  # measure one plain pass early: every comparison is against it
-            return
-        best = self._best_k()
-        if best > 0:
-            self._since_probe, self._probe_interval = 0, self.probe_every
-            self._k = best
-            return
-        # Speculation does not pay now. Probe again later, less and less often while probes keep confirming it;
-        # when even a perfect draft could not pay (the machine's costs), probe rarely: only costs could change.
-        self._since_probe += 1
-        if drafted:
-            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
-        gain = self.perfect_draft_gain()
-        interval = self.max_probe_interval if gain is not None and gain < 1.0 else self._probe_interval
-        if self._since_probe >= interval:
-            self._since_probe, self._k = 0, min(2, self.k_max)
+        d, n = self.decay, drafted + 1
+        if n in self._verify_weight:
+            self._verify_weight[n] = d * self._verify_weight[n] + 1.0
+            self._verify_sum[n] = d * self._verify_sum[n] + verify_seconds
         else:
-            self._k = 0
+            self._verify_weight[n], self._verify_sum[n] = 1.0, verify_seconds
+            insort(self._sizes, n)
+        if drafted == 0:
+            self._plain_step(verify_seconds)
+        else:
+            self._draft_step(drafted, accepted, draft_seconds, verify_seconds)
+
+    def _plain_step(self, seconds: float) -> None:
+        """O(1) unless a probe is due: nothing else changed since the last decision."""
+        self._since_draft += 1
+        cap = self.credit_steps * self._verify_sum[1] / self._verify_weight[1]
+        self._credit = min(self._credit + self.loss_budget * seconds, cap)
+        if self._k:
+            return  # a draft was asked for but did not fit (the request's last token, a full context)
+        if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
+            if self.t_draft is None:
+                self._k, self._probing = self.k_start, True
+            elif self._verify_weight[1] >= 3:
+                self._decide(probing=False)
+            return
+        self._since_probe += 1
+        if self._since_probe < (self._probe_interval if self._pays else self.recheck_every):
+            return
+        k = min(1 if self._pays else 2, self.k_max)  # 1 token tells acceptance; 2 measure the draft after catch-up
+        if self._credit >= self._probe_loss(k):
+            self._k, self._probing = k, True
+
+    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        d = self.decay
+        # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
+        # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
+        counted = drafted - 1 if self._since_draft >= 3 else drafted
+        if counted > 0:
+            self._draft_sum = d * self._draft_sum + draft_seconds
+            self._draft_weight = d * self._draft_weight + counted
+        self._since_draft = 0
+        for j in range(1, min(drafted, accepted + 1) + 1):  # positions after the first rejection were not judged
+            self._tried[j] = d * self._tried[j] + 1.0
+            self._acc[j] = d * self._acc[j] + (1.0 if j <= accepted else 0.0)
+        if self.t_draft is None or 1 not in self._verify_weight:
+            return  # keep the draft length until both costs are known
+        t_plain = self._verify_sum[1] / self._verify_weight[1]
+        seconds = draft_seconds + verify_seconds
+        lost = seconds - (accepted + 1) * t_plain
+        self._credit = min(self._credit + self.loss_budget * seconds - lost, self.credit_steps * t_plain)
+        probing, self._probing = self._probing, False
+        if self._pays is None and self._verify_weight[1] < 3 and self.perfect_draft_gain() < 2 * self.min_gain:
+            self._k = 0  # a marginal machine: one plain pass may have been an outlier; measure two more first
+            return
+        self._decide(probing)
+
+    def _decide(self, probing: bool) -> None:
+        """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable."""
+        self._pays = self.perfect_draft_gain() >= self.min_gain
+        best = self._best_k(optimistic=self._credit > 0) if self._pays else 0
+        if best > 0:
+            self._probe_interval = self.probe_every
+        elif probing and self._pays:
+            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
+        self._since_probe, self._k = 0, best
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,
