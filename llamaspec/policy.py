@@ -127,9 +127,10 @@ class AutoPolicy(DraftPolicy):
 
     name = "auto"
 
-    def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 16,
+    def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 4,
                  max_probe_interval: int = 128, recheck_every: int = 1024, min_gain: float = 1.2,
-                 loss_budget: float = 0.01, credit_steps: int = 16, decay: float = 0.95):
+                 loss_budget: float = 0.01, credit_steps: int = 16, initial_credit_steps: int = 4,
+                 decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
         self.k_start = min(_check_k("k_start", k_start, 1), self.k_max)
@@ -141,11 +142,14 @@ class AutoPolicy(DraftPolicy):
         self.min_gain = float(min_gain)
         self.loss_budget = _check_p("loss_budget", loss_budget)
         self.credit_steps = _check_k("credit_steps", credit_steps, 1)
+        self.initial_credit_steps = min(_check_k("initial_credit_steps", initial_credit_steps), self.credit_steps)
         self.decay = decay
-        # acceptance at each draft position: decayed (accepted, tried) counts with a weak prior of 0.6
-        self._prior_weight = 0.5
-        self._acc = [0.6 * self._prior_weight] * (self.k_max + 1)
-        self._tried = [self._prior_weight] * (self.k_max + 1)
+        # acceptance at each draft position: (accepted, tried) counts, all decayed at every drafted step so that
+        # what was seen at positions no longer drafted fades; each estimate leans on the position before it
+        self._prior, self._prior_weight = 0.6, 0.5
+        self._stale_decay, self._bonus = 0.995, 0.2
+        self._acc = [0.0] * (self.k_max + 1)
+        self._tried = [0.0] * (self.k_max + 1)
         # decayed sums and weights: estimate = sum / weight
         self._verify_sum: dict[int, float] = {}      # batch size -> seconds per target pass
         self._verify_weight: dict[int, float] = {}
@@ -164,19 +168,21 @@ class AutoPolicy(DraftPolicy):
     def t_draft(self) -> float | None:
         return self._draft_sum / self._draft_weight if self._draft_weight else None
 
-    def acceptance(self, position: int, optimistic: bool = False) -> float:
-        """Acceptance at a draft position given the earlier ones were accepted; a position never tried borrows
-        the estimate of the one before it (acceptance changes slowly along a draft). `optimistic` adds an
-        upper-confidence bonus that shrinks as a position is tried, so rarely reached positions get tried."""
-        while position > 1 and self._tried[position] <= self._prior_weight:
-            position -= 1
-        return self._acceptance_at(position, optimistic)
+    def acceptances(self, optimistic: bool = False) -> list[float]:
+        """Acceptance at each draft position 1..k_max (index 0 unused) given the earlier ones were accepted.
+        Each is its counts shrunk toward the estimate before it (acceptance changes slowly along a draft; a
+        position never reached takes the one before it). `optimistic` adds an upper-confidence bonus that
+        shrinks as a position is tried, so rarely reached positions get tried; position 1 is judged at every
+        draft and gets none (it must not keep a useless draft alive)."""
+        out, before, w0 = [0.0] * (self.k_max + 1), self._prior, self._prior_weight
+        for j in range(1, self.k_max + 1):
+            tried = self._tried[j] + w0
+            before = (self._acc[j] + w0 * before) / tried
+            out[j] = min(1.0, before + self._bonus / tried ** 0.5) if optimistic and j > 1 else before
+        return out
 
-    def _acceptance_at(self, position: int, optimistic: bool) -> float:
-        tried = self._tried[position]
-        estimate = self._acc[position] / tried
-        # position 1 is judged at every draft, so it needs no bonus (and must not keep a useless draft alive)
-        return min(1.0, estimate + 0.3 / tried ** 0.5) if optimistic and position > 1 else estimate
+    def acceptance(self, position: int, optimistic: bool = False) -> float:
+        return self.acceptances(optimistic)[position]
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
         """t_verify(n): measured when seen; between measured sizes, the line through the two around it. Beyond
@@ -211,16 +217,15 @@ class AutoPolicy(DraftPolicy):
         if not self._sizes:
             return
         t_draft = self.t_draft
-        tokens, run, estimate = 1.0, 1.0, 0.0
-        for k in range(k_max + 1):
-            if k > 0:
-                if t_draft is None:
-                    return
-                if k == 1 or self._tried[k] > self._prior_weight:  # else: borrow the last tried position's
-                    estimate = self._acceptance_at(k, optimistic)
-                run *= estimate
-                tokens += run
-            yield k, tokens / (k * (t_draft or 0.0) + self.verify_time(k + 1, optimistic))
+        yield 0, 1.0 / self.verify_time(1, optimistic)
+        if t_draft is None:
+            return
+        acceptance = self.acceptances(optimistic)
+        tokens = run = 1.0
+        for k in range(1, k_max + 1):
+            run *= acceptance[k]
+            tokens += run
+            yield k, tokens / (k * t_draft + self.verify_time(k + 1, optimistic))
 
     def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
         last = None
@@ -265,7 +270,10 @@ class AutoPolicy(DraftPolicy):
     def _plain_step(self, seconds: float) -> None:
         """O(1) unless a probe is due: nothing else changed since the last decision."""
         self._since_draft += 1
-        cap = self.credit_steps * self._verify_sum[1] / self._verify_weight[1]
+        t_plain = self._verify_sum[1] / self._verify_weight[1]
+        if self._verify_weight[1] == 1.0:  # the first plain pass: an allowance for learning the costs
+            self._credit = self.initial_credit_steps * t_plain
+        cap = self.credit_steps * t_plain
         self._credit = min(self._credit + self.loss_budget * seconds, cap)
         if self._k:
             return  # a draft was asked for but did not fit (the request's last token, a full context)
@@ -291,9 +299,15 @@ class AutoPolicy(DraftPolicy):
             self._draft_sum = d * self._draft_sum + draft_seconds
             self._draft_weight = d * self._draft_weight + counted
         self._since_draft = 0
-        for j in range(1, min(drafted, accepted + 1) + 1):  # positions after the first rejection were not judged
-            self._tried[j] = d * self._tried[j] + 1.0
-            self._acc[j] = d * self._acc[j] + (1.0 if j <= accepted else 0.0)
+        acc, tried = self._acc, self._tried
+        judged = min(drafted, accepted + 1)
+        for j in range(1, self.k_max + 1):
+            keep = d if j <= judged else self._stale_decay
+            acc[j] *= keep
+            tried[j] *= keep
+        for j in range(1, judged + 1):  # positions after the first rejection were not judged
+            tried[j] += 1.0
+            acc[j] += 1.0 if j <= accepted else 0.0
         if self.t_draft is None or 1 not in self._verify_weight:
             return  # keep the draft length until both costs are known
         t_plain = self._verify_sum[1] / self._verify_weight[1]

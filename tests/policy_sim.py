@@ -1,0 +1,120 @@
+"""A fake clock for draft-length policies: requests on a machine described by its cost curves, stepped the way the
+engine steps them (what a policy sees and what the clock charges follow engine.py and drafters/model.py).
+
+Times are in units of one plain target pass. Per request: the target processes the prompt; the drafter is
+prefilled only when the policy will draft first (begin(prefill=...)); each step drafts k = min(policy's k,
+budget - 1) tokens, the drafter first catching up on the tokens it missed in one batch (restarting on the last 64
+tokens when more than 128 are missing). The engine reports that catch-up, and the first token decoded with it,
+as setup, which the policy does not see; the clock charges it. Acceptance is a Bernoulli run per position.
+
+    python tests/policy_sim.py      # auto against plain and every fixed k on a CPU-like and a GPU-like machine
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from llamaspec.policy import DraftPolicy, FixedPolicy, make_policy
+
+WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    verify: Callable[[int], float]      # one target pass over n tokens
+    draft_cost: float                   # one draft token (one draft pass over one token)
+    prefill_per_token: float            # target prompt processing per token (batched)
+    noise: float = 0.0                  # relative timing noise (uniform +-), for a shared machine
+
+    def draft_batch(self, n: int) -> float:
+        """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
+        return self.draft_cost if n <= 1 else self.draft_cost * (1.0 + self.prefill_per_token * (n - 1))
+
+
+CPU = Machine("cpu v(n)=n c=0.3", lambda n: float(n), 0.3, 0.15)
+GPU = Machine("gpu v(n)=1+0.12(n-1) c=0.05", lambda n: 1.0 + 0.12 * (n - 1), 0.05, 0.01)
+
+
+@dataclass
+class RunResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: list = field(default_factory=list)       # per request: prompt, drafter prefill, first step
+    drafted: int = 0
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds
+
+
+def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
+             max_tokens: int = 64, seed: int = 0) -> RunResult:
+    """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them)."""
+    rng = random.Random(seed)
+    jitter = (lambda t: t * (1.0 + machine.noise * (2 * rng.random() - 1))) if machine.noise else (lambda t: t)
+    out = RunResult()
+    for _ in range(requests):
+        clock = jitter(machine.prefill_per_token * (prompt_len - 1))   # target prefill of the prompt but its last
+        history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
+        in_draft = 0                        # history tokens the drafter holds
+        if policy.next_draft_len() > 0:     # begin(prefill=True): the drafter catches up before the first step
+            clock += jitter(machine.draft_batch(history))
+            in_draft = history
+        n_out = 0
+        while n_out < max_tokens:
+            k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
+            setup = draft = 0.0
+            if k:
+                missing = history - in_draft
+                if missing > MAX_CATCHUP:
+                    missing = min(history, WINDOW)
+                first = jitter(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
+                rest = jitter(machine.draft_cost) * (k - 1)
+                setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
+            verify = jitter(machine.verify(k + 1))
+            accepted = 0
+            while accepted < k and rng.random() < acceptance:
+                accepted += 1
+            policy.update(k, accepted, draft, verify)
+            clock += setup + draft + verify
+            emitted = min(accepted + 1, max_tokens - n_out)
+            if n_out == 0:
+                out.ttft.append(clock)
+            n_out += emitted
+            history += 1 + accepted
+            in_draft = history if k else in_draft   # after accepted(n) the drafter holds the new history
+            out.drafted += k
+        out.tokens += n_out
+        out.seconds += clock
+    return out
+
+
+def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> dict:
+    """auto, plain and every fixed k on the same machine and acceptance (each with its own random stream)."""
+    runs = {"plain": simulate(FixedPolicy(0), machine, acceptance, **kwargs),
+            "auto": simulate(make_policy("auto", k=k_max), machine, acceptance, **kwargs)}
+    for k in range(1, k_max + 1):
+        runs[f"k={k}"] = simulate(FixedPolicy(k), machine, acceptance, **kwargs)
+    best = max((name for name in runs if name.startswith("k=")), key=lambda name: runs[name].throughput)
+    return {"runs": runs, "best_fixed": best}
+
+
+def main() -> None:
+    print("| machine | acceptance | auto / plain | best fixed | auto / best fixed | auto drafted | "
+          "max TTFT auto / plain |")
+    print("|---|---|---|---|---|---|---|")
+    for machine, shape in ((CPU, dict(requests=12, max_tokens=64)), (GPU, dict(requests=4, max_tokens=128))):
+        for acceptance in (1.0, 0.7, 0.0):
+            result = compare(machine, acceptance, **shape)
+            runs, best = result["runs"], result["best_fixed"]
+            auto, plain = runs["auto"], runs["plain"]
+            ttft = max(a / p for a, p in zip(auto.ttft, plain.ttft))
+            print(f"| {machine.name} | {acceptance:.1f} | {auto.throughput / plain.throughput:.3f}x | {best} "
+                  f"{runs[best].throughput / plain.throughput:.2f}x | "
+                  f"{auto.throughput / runs[best].throughput:.3f}x | {auto.drafted} | {ttft:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
