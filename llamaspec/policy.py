@@ -7,7 +7,7 @@ probability falls below it (llama.cpp's --draft-p-min). Policies know nothing ab
 from __future__ import annotations
 
 import abc
-from bisect import bisect_left, insort
+from bisect import insort
 from collections import deque
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
@@ -148,6 +148,7 @@ class AutoPolicy(DraftPolicy):
         # what was seen at positions no longer drafted fades; each estimate leans on the position before it
         self._prior, self._prior_weight = 0.6, 0.5
         self._stale_decay, self._bonus = 0.995, 0.2
+        self._plain_samples, self._sure_gain = 3, 2.0
         self._acc = [0.0] * (self.k_max + 1)
         self._tried = [0.0] * (self.k_max + 1)
         # decayed sums and weights: estimate = sum / weight
@@ -185,39 +186,53 @@ class AutoPolicy(DraftPolicy):
         return self.acceptances(optimistic)[position]
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
-        """t_verify(n): measured when seen; between measured sizes, the line through the two around it. Beyond
-        the largest, the chord from the smallest: a long baseline that timing noise cannot tilt (a concave curve
-        makes it pessimistic); `optimistic` takes half the slope of the last two points instead: verify cost
-        usually flattens (a GPU verifies 9 tokens for little more than 5), and the only way to learn that is to
-        try a longer draft. With one size measured: a 10% cost per extra token."""
+        """t_verify(n), seconds for one target pass over n tokens (see _verify_curve)."""
+        curve = self._verify_curve(n, optimistic)
+        return curve[n] if curve else None
+
+    def _verify_curve(self, n_max: int, optimistic: bool) -> list[float]:
+        """[_, t_verify(1), ..., t_verify(n_max)] in one pass; [] before any measurement. Measured sizes give
+        their average; between two of them, the line through both. Beyond the largest, the chord from the
+        smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
+        `optimistic` takes half the slope of the last two points instead: verify cost usually flattens (a GPU
+        verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft.
+        With one size measured: a 10% cost per extra token above it, proportional below it."""
         xs = self._sizes
         if not xs:
-            return None
-        if n in self._verify_weight:
-            return self._verify_sum[n] / self._verify_weight[n]
-        seen = lambda x: self._verify_sum[x] / self._verify_weight[x]  # noqa: E731
+            return []
+        ys = [self._verify_sum[x] / self._verify_weight[x] for x in xs]
+        out = [0.0] * (n_max + 1)
         if len(xs) == 1:
-            x0 = xs[0]
-            return seen(x0) * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else seen(x0) * n / x0
-        i = bisect_left(xs, n)
-        if 0 < i < len(xs):
-            lo, hi = xs[i - 1], xs[i]
-            w = (n - lo) / (hi - lo)
-            return seen(lo) * (1 - w) + seen(hi) * w
-        if i == 0:  # below the smallest measured size: the line through the two smallest
-            a, b = xs[0], xs[1]
-            return max(seen(a) + (seen(b) - seen(a)) / (b - a) * (n - a), 1e-9)
-        a, b = (xs[-2] if optimistic else xs[0]), xs[-1]
-        slope = max((seen(b) - seen(a)) / (b - a), 0.0) * (0.5 if optimistic else 1.0)
-        return seen(b) + slope * (n - b)
+            x0, y0 = xs[0], ys[0]
+            for n in range(1, n_max + 1):
+                out[n] = y0 * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else y0 * n / x0
+            return out
+        slope_low = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        a = -2 if optimistic else 0
+        slope_high = max((ys[-1] - ys[a]) / (xs[-1] - xs[a]), 0.0) * (0.5 if optimistic else 1.0)
+        i, last = 0, len(xs)
+        for n in range(1, n_max + 1):
+            while i < last and xs[i] < n:
+                i += 1
+            if i < last and xs[i] == n:
+                out[n] = ys[i]
+            elif i == 0:
+                out[n] = max(ys[0] + slope_low * (n - xs[0]), 1e-9)
+            elif i == last:
+                out[n] = ys[-1] + slope_high * (n - xs[-1])
+            else:
+                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                out[n] = ys[i - 1] * (1 - w) + ys[i] * w
+        return out
 
     def _speeds(self, k_max: int, optimistic: bool):
         """(k, expected tokens per second) for k = 0..k_max, as far as the estimates reach, in one pass:
         tokens(k) grows by the chance of accepting all of d_1..d_k."""
-        if not self._sizes:
+        verify = self._verify_curve(k_max + 1, optimistic)
+        if not verify:
             return
+        yield 0, 1.0 / verify[1]
         t_draft = self.t_draft
-        yield 0, 1.0 / self.verify_time(1, optimistic)
         if t_draft is None:
             return
         acceptance = self.acceptances(optimistic)
@@ -225,7 +240,7 @@ class AutoPolicy(DraftPolicy):
         for k in range(1, k_max + 1):
             run *= acceptance[k]
             tokens += run
-            yield k, tokens / (k * t_draft + self.verify_time(k + 1, optimistic))
+            yield k, tokens / (k * t_draft + verify[k + 1])
 
     def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
         last = None
@@ -240,15 +255,27 @@ class AutoPolicy(DraftPolicy):
     def perfect_draft_gain(self) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
         on this machine whatever the text, and probing acceptance is pointless."""
-        plain, t_draft = self.verify_time(1), self.t_draft
-        if plain is None or t_draft is None:
+        verify, t_draft = self._verify_curve(self.k_max + 1, False), self.t_draft
+        if not verify or t_draft is None:
             return None
-        best = max((k + 1) / (k * t_draft + self.verify_time(k + 1)) for k in range(1, self.k_max + 1))
-        return best * plain
+        return verify[1] * max((k + 1) / (k * t_draft + verify[k + 1]) for k in range(1, self.k_max + 1))
+
+    def _catch_up(self, missed: int) -> float:
+        """Estimated seconds for the drafter to catch up on `missed` tokens in one batch with the next one, which
+        the engine reports as setup and the policy never sees: priced like the target's own batches, t_draft x
+        v(m + 1) / v(1) on the chord of the measured curve. ModelDrafter restarts on its last 64 tokens when more
+        than 128 are missing; up to 2 missed tokens are decoded with the draft and counted in its time."""
+        if missed <= 2 or self.t_draft is None or len(self._sizes) < 2:
+            return 0.0
+        xs, ws, ss = self._sizes, self._verify_weight, self._verify_sum
+        low, high = ss[xs[0]] / ws[xs[0]], ss[xs[-1]] / ws[xs[-1]]
+        per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
+        return self.t_draft * (1.0 + per_token * (64 if missed > 128 else missed))
 
     def _probe_loss(self, k: int) -> float:
-        """Seconds a k-token probe loses against plain decoding if nothing is accepted."""
-        return k * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
+        """Seconds a k-token probe now loses against plain decoding if nothing is accepted."""
+        return (k * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
+                + self._catch_up(self._since_draft))
 
     # -- the two questions ----------------------------------------------------------------------------------
     def next_draft_len(self) -> int:
@@ -280,7 +307,7 @@ class AutoPolicy(DraftPolicy):
         if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
             if self.t_draft is None:
                 self._k, self._probing = self.k_start, True
-            elif self._verify_weight[1] >= 3:
+            elif self._verify_weight[1] >= self._plain_samples:
                 self._decide(probing=False)
             return
         self._since_probe += 1
@@ -298,7 +325,7 @@ class AutoPolicy(DraftPolicy):
         if counted > 0:
             self._draft_sum = d * self._draft_sum + draft_seconds
             self._draft_weight = d * self._draft_weight + counted
-        self._since_draft = 0
+        missed, self._since_draft = self._since_draft, 0
         acc, tried = self._acc, self._tried
         judged = min(drafted, accepted + 1)
         for j in range(1, self.k_max + 1):
@@ -312,11 +339,14 @@ class AutoPolicy(DraftPolicy):
             return  # keep the draft length until both costs are known
         t_plain = self._verify_sum[1] / self._verify_weight[1]
         seconds = draft_seconds + verify_seconds
-        lost = seconds - (accepted + 1) * t_plain
+        lost = seconds + self._catch_up(missed) - (accepted + 1) * t_plain
         self._credit = min(self._credit + self.loss_budget * seconds - lost, self.credit_steps * t_plain)
         probing, self._probing = self._probing, False
-        if self._pays is None and self._verify_weight[1] < 3 and self.perfect_draft_gain() < 2 * self.min_gain:
-            self._k = 0  # a marginal machine: one plain pass may have been an outlier; measure two more first
+        if self._pays is None and self._verify_weight[1] < self._plain_samples and not (
+                self.perfect_draft_gain() >= self._sure_gain * self.min_gain and verify_seconds >= t_plain):
+            # A marginal machine, or a pass over more tokens that took less time than one over a single token
+            # (timing noise): the one plain pass may have been an outlier, so measure more before deciding.
+            self._k = 0
             return
         self._decide(probing)
 
