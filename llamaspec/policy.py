@@ -100,6 +100,37 @@ class ThresholdPolicy(DraftPolicy):
             self._recent.clear()
 
 
+class _Timing:
+    """Seconds per unit (a pass, a drafted token) that one slow sample cannot swing: other processes only ever make a
+    step slower, and on a shared machine one step can take many times its usual time. The minimum of the first
+    samples, their median once there are 3, then a decayed average of samples clipped to [1/2, 2] x the estimate."""
+
+    __slots__ = ("total", "weight", "samples", "_first")
+
+    def __init__(self):
+        self.total = self.weight = 0.0
+        self.samples = 0
+        self._first: list[float] | None = []
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight
+
+    def add(self, per_unit: float, units: float, decay: float) -> None:
+        self.samples += 1
+        first = self._first
+        if first is not None:
+            first.append(per_unit)
+            self.weight += units
+            self.total = (min(first) if len(first) < 3 else sorted(first)[len(first) // 2]) * self.weight
+            if len(first) == 3:
+                self._first = None
+            return
+        estimate = self.total / self.weight
+        self.total = decay * self.total + min(max(per_unit, 0.5 * estimate), 2.0 * estimate) * units
+        self.weight = decay * self.weight + units
+
+
 class AutoPolicy(DraftPolicy):
     """Pick k to maximise expected tokens per second under a measured cost model, never losing much to plain
     decoding where speculation cannot pay.
@@ -148,17 +179,18 @@ class AutoPolicy(DraftPolicy):
         # what was seen at positions no longer drafted fades; each estimate leans on the position before it
         self._prior, self._prior_weight = 0.6, 0.5
         self._stale_decay, self._bonus = 0.995, 0.2
-        self._plain_samples, self._sure_gain = 3, 2.0
+        self._plain_samples, self._sure_gain, self._refresh_every = 3, 2.0, 8
         self._acc = [0.0] * (self.k_max + 1)
         self._tried = [0.0] * (self.k_max + 1)
         # decayed sums and weights: estimate = sum / weight
-        self._verify_sum: dict[int, float] = {}      # batch size -> seconds per target pass
-        self._verify_weight: dict[int, float] = {}
+        self._verify: dict[int, _Timing] = {}        # batch size -> seconds per target pass
         self._sizes: list[int] = []                  # measured batch sizes, sorted
-        self._draft_sum = self._draft_weight = 0.0   # seconds and tokens drafted
+        self._draft = _Timing()                      # seconds per drafted token
         self._k = 0
         self._since_draft = 1 << 30   # plain steps since the last drafted one: how far the drafter is behind
         self._since_probe = 0
+        self._since_plain = 0         # drafted steps since the last plain one
+        self._refresh = False         # this plain step re-measures t_verify(1) between drafted ones
         self._probe_interval = self.probe_every
         self._probing = False         # the current draft length is a probe
         self._credit = 0.0            # seconds exploration may still lose against plain decoding
@@ -167,7 +199,7 @@ class AutoPolicy(DraftPolicy):
     # -- estimates ---------------------------------------------------------------------------------------------
     @property
     def t_draft(self) -> float | None:
-        return self._draft_sum / self._draft_weight if self._draft_weight else None
+        return self._draft.value if self._draft.samples else None
 
     def acceptances(self, optimistic: bool = False) -> list[float]:
         """Acceptance at each draft position 1..k_max (index 0 unused) given the earlier ones were accepted.
@@ -192,7 +224,8 @@ class AutoPolicy(DraftPolicy):
 
     def _verify_curve(self, n_max: int, optimistic: bool) -> list[float]:
         """[_, t_verify(1), ..., t_verify(n_max)] in one pass; [] before any measurement. Measured sizes give
-        their average; between two of them, the line through both. Beyond the largest, the chord from the
+        their average, lowered where a larger size was measured cheaper (timing noise: a pass over more tokens
+        does not cost less); between two of them, the line through both. Beyond the largest, the chord from the
         smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
         `optimistic` takes half the slope of the last two points instead: verify cost usually flattens (a GPU
         verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft.
@@ -200,7 +233,9 @@ class AutoPolicy(DraftPolicy):
         xs = self._sizes
         if not xs:
             return []
-        ys = [self._verify_sum[x] / self._verify_weight[x] for x in xs]
+        ys = [self._verify[x].value for x in xs]
+        for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
+            ys[i] = min(ys[i], ys[i + 1])
         out = [0.0] * (n_max + 1)
         if len(xs) == 1:
             x0, y0 = xs[0], ys[0]
@@ -267,8 +302,8 @@ class AutoPolicy(DraftPolicy):
         than 128 are missing; up to 2 missed tokens are decoded with the draft and counted in its time."""
         if missed <= 2 or self.t_draft is None or len(self._sizes) < 2:
             return 0.0
-        xs, ws, ss = self._sizes, self._verify_weight, self._verify_sum
-        low, high = ss[xs[0]] / ws[xs[0]], ss[xs[-1]] / ws[xs[-1]]
+        xs = self._sizes
+        low, high = self._verify[xs[0]].value, self._verify[xs[-1]].value
         per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
         return self.t_draft * (1.0 + per_token * (64 if missed > 128 else missed))
 
@@ -282,13 +317,11 @@ class AutoPolicy(DraftPolicy):
         return self._k
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        d, n = self.decay, drafted + 1
-        if n in self._verify_weight:
-            self._verify_weight[n] = d * self._verify_weight[n] + 1.0
-            self._verify_sum[n] = d * self._verify_sum[n] + verify_seconds
-        else:
-            self._verify_weight[n], self._verify_sum[n] = 1.0, verify_seconds
+        n = drafted + 1
+        if n not in self._verify:
+            self._verify[n] = _Timing()
             insort(self._sizes, n)
+        self._verify[n].add(verify_seconds, 1.0, self.decay)
         if drafted == 0:
             self._plain_step(verify_seconds)
         else:
@@ -296,25 +329,34 @@ class AutoPolicy(DraftPolicy):
 
     def _plain_step(self, seconds: float) -> None:
         """O(1) unless a probe is due: nothing else changed since the last decision."""
-        self._since_draft += 1
-        t_plain = self._verify_sum[1] / self._verify_weight[1]
-        if self._verify_weight[1] == 1.0:  # the first plain pass: an allowance for learning the costs
+        self._since_draft, self._since_plain = self._since_draft + 1, 0
+        plain = self._verify[1]
+        t_plain = plain.value
+        if plain.samples == 1:  # the first plain pass: an allowance for learning the costs
             self._credit = self.initial_credit_steps * t_plain
         cap = self.credit_steps * t_plain
         self._credit = min(self._credit + self.loss_budget * seconds, cap)
         if self._k:
             return  # a draft was asked for but did not fit (the request's last token, a full context)
+        if self._refresh:  # a plain pass taken to re-measure t_verify(1): back to drafting
+            self._refresh = False
+            self._decide(probing=False)
+            return
         if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
             if self.t_draft is None:
                 self._k, self._probing = self.k_start, True
-            elif self._verify_weight[1] >= self._plain_samples:
+            elif plain.samples >= self._plain_samples:
                 self._decide(probing=False)
             return
         self._since_probe += 1
         if self._since_probe < (self._probe_interval if self._pays else self.recheck_every):
             return
-        k = min(1 if self._pays else 2, self.k_max)  # 1 token tells acceptance; 2 measure the draft after catch-up
-        if self._credit >= self._probe_loss(k):
+        # 1 token tells acceptance; 2 measure the draft after its catch-up. A probe is paid from the credit, or
+        # waits until it costs at most loss_budget of the plain time since the last one (a drafter far behind
+        # makes a probe cost several plain passes).
+        k = min(1 if self._pays else 2, self.k_max)
+        loss = self._probe_loss(k)
+        if self._credit >= loss or self._since_probe * self.loss_budget * t_plain >= loss:
             self._k, self._probing = k, True
 
     def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
@@ -323,9 +365,9 @@ class AutoPolicy(DraftPolicy):
         # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
         counted = drafted - 1 if self._since_draft >= 3 else drafted
         if counted > 0:
-            self._draft_sum = d * self._draft_sum + draft_seconds
-            self._draft_weight = d * self._draft_weight + counted
+            self._draft.add(draft_seconds / counted, counted, d)
         missed, self._since_draft = self._since_draft, 0
+        self._since_plain += 1
         acc, tried = self._acc, self._tried
         judged = min(drafted, accepted + 1)
         for j in range(1, self.k_max + 1):
@@ -335,14 +377,14 @@ class AutoPolicy(DraftPolicy):
         for j in range(1, judged + 1):  # positions after the first rejection were not judged
             tried[j] += 1.0
             acc[j] += 1.0 if j <= accepted else 0.0
-        if self.t_draft is None or 1 not in self._verify_weight:
+        if self.t_draft is None or 1 not in self._verify:
             return  # keep the draft length until both costs are known
-        t_plain = self._verify_sum[1] / self._verify_weight[1]
+        t_plain = min(t.value for t in self._verify.values())  # t_verify(1), as in _verify_curve
         seconds = draft_seconds + verify_seconds
         lost = seconds + self._catch_up(missed) - (accepted + 1) * t_plain
         self._credit = min(self._credit + self.loss_budget * seconds - lost, self.credit_steps * t_plain)
         probing, self._probing = self._probing, False
-        if self._pays is None and self._verify_weight[1] < self._plain_samples and not (
+        if self._pays is None and self._verify[1].samples < self._plain_samples and not (
                 self.perfect_draft_gain() >= self._sure_gain * self.min_gain and verify_seconds >= t_plain):
             # A marginal machine, or a pass over more tokens that took less time than one over a single token
             # (timing noise): the one plain pass may have been an outlier, so measure more before deciding.
@@ -356,6 +398,12 @@ class AutoPolicy(DraftPolicy):
         best = self._best_k(optimistic=self._credit > 0) if self._pays else 0
         if best > 0:
             self._probe_interval = self.probe_every
+            # Drafting measures no plain pass, yet every gain is judged against one: where the gain is not
+            # obviously large, take a plain pass now and then (often while it has few samples).
+            samples = self._verify[1].samples
+            every = self._refresh_every if samples < 4 * self._plain_samples else 16 * self._refresh_every
+            if self._since_plain >= every and self.perfect_draft_gain() < self._sure_gain * self.min_gain:
+                best, self._refresh = 0, True
         elif probing and self._pays:
             self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
         self._since_probe, self._k = 0, best

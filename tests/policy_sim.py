@@ -27,6 +27,7 @@ class Machine:
     draft_cost: float                   # one draft token (one draft pass over one token)
     prefill_per_token: float            # target prompt processing per token (batched)
     noise: float = 0.0                  # relative timing noise (uniform +-), for a shared machine
+    spikes: float = 0.0                 # chance that a phase takes 5x its time (another process took the cores)
 
     def draft_batch(self, n: int) -> float:
         """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
@@ -49,18 +50,37 @@ class RunResult:
         return self.tokens / self.seconds
 
 
+class Load:
+    """How much slower than usual the machine runs at each moment (bins of one plain pass): the same pattern for
+    every policy run with one seed, so that comparisons see the same interference."""
+
+    def __init__(self, machine: Machine, seed: int):
+        self.machine, self.rng, self.bins = machine, random.Random(seed ^ 0x5EED), []
+
+    def factor(self, now: float) -> float:
+        m = self.machine
+        while len(self.bins) <= int(now):
+            f = 1.0 + m.noise * (2 * self.rng.random() - 1) if m.noise else 1.0
+            self.bins.append(f * (5.0 if m.spikes and self.rng.random() < m.spikes else 1.0))
+        return self.bins[int(now)]
+
+
 def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
              max_tokens: int = 64, seed: int = 0) -> RunResult:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them)."""
-    rng = random.Random(seed)
-    jitter = (lambda t: t * (1.0 + machine.noise * (2 * rng.random() - 1))) if machine.noise else (lambda t: t)
+    rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
+
+    def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
+        return seconds * load.factor(out.seconds)
+
     for _ in range(requests):
-        clock = jitter(machine.prefill_per_token * (prompt_len - 1))   # target prefill of the prompt but its last
+        start = out.seconds
+        out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
         history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
         in_draft = 0                        # history tokens the drafter holds
         if policy.next_draft_len() > 0:     # begin(prefill=True): the drafter catches up before the first step
-            clock += jitter(machine.draft_batch(history))
+            out.seconds += spend(machine.draft_batch(history))
             in_draft = history
         n_out = 0
         while n_out < max_tokens:
@@ -70,29 +90,28 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 missing = history - in_draft
                 if missing > MAX_CATCHUP:
                     missing = min(history, WINDOW)
-                first = jitter(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
-                rest = jitter(machine.draft_cost) * (k - 1)
+                first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
+                rest = spend(machine.draft_cost * (k - 1))
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
-            verify = jitter(machine.verify(k + 1))
+                out.seconds += first + rest
+            verify = spend(machine.verify(k + 1))
+            out.seconds += verify
             accepted = 0
             while accepted < k and rng.random() < acceptance:
                 accepted += 1
             policy.update(k, accepted, draft, verify)
-            clock += setup + draft + verify
-            emitted = min(accepted + 1, max_tokens - n_out)
             if n_out == 0:
-                out.ttft.append(clock)
-            n_out += emitted
+                out.ttft.append(out.seconds - start)
+            n_out += min(accepted + 1, max_tokens - n_out)
             history += 1 + accepted
             in_draft = history if k else in_draft   # after accepted(n) the drafter holds the new history
             out.drafted += k
         out.tokens += n_out
-        out.seconds += clock
     return out
 
 
 def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> dict:
-    """auto, plain and every fixed k on the same machine and acceptance (each with its own random stream)."""
+    """auto, plain and every fixed k on the same machine, load pattern and acceptance."""
     runs = {"plain": simulate(FixedPolicy(0), machine, acceptance, **kwargs),
             "auto": simulate(make_policy("auto", k=k_max), machine, acceptance, **kwargs)}
     for k in range(1, k_max + 1):
