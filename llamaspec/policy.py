@@ -340,13 +340,13 @@ class AutoPolicy(DraftPolicy):
             return  # a draft was asked for but did not fit (the request's last token, a full context)
         if self._refresh:  # a plain pass taken to re-measure t_verify(1): back to drafting
             self._refresh = False
-            self._decide(probing=False)
+            self._decide(probe_failed=False)
             return
         if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
             if self.t_draft is None:
                 self._k, self._probing = self.k_start, True
             elif plain.samples >= self._plain_samples:
-                self._decide(probing=False)
+                self._decide(probe_failed=False)
             return
         self._since_probe += 1
         if self._since_probe < (self._probe_interval if self._pays else self.recheck_every):
@@ -390,11 +390,12 @@ class AutoPolicy(DraftPolicy):
             # (timing noise): the one plain pass may have been an outlier, so measure more before deciding.
             self._k = 0
             return
-        self._decide(probing)
+        self._decide(probing and accepted == 0)
 
-    def _decide(self, probing: bool) -> None:
+    def _decide(self, probe_failed: bool) -> None:
         """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable."""
-        self._pays = self.perfect_draft_gain() >= self.min_gain
+        gain = self.perfect_draft_gain()
+        self._pays = gain >= self.min_gain
         best = self._best_k(optimistic=self._credit > 0) if self._pays else 0
         if best > 0:
             self._probe_interval = self.probe_every
@@ -402,10 +403,12 @@ class AutoPolicy(DraftPolicy):
             # obviously large, take a plain pass now and then (often while it has few samples).
             samples = self._verify[1].samples
             every = self._refresh_every if samples < 4 * self._plain_samples else 16 * self._refresh_every
-            if self._since_plain >= every and self.perfect_draft_gain() < self._sure_gain * self.min_gain:
+            if self._since_plain >= every and gain < self._sure_gain * self.min_gain:
                 best, self._refresh = 0, True
-        elif probing and self._pays:
+        elif probe_failed and self._pays:  # back off while probes fail; one that was accepted: look again soon
             self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
+        else:
+            self._probe_interval = self.probe_every
         self._since_probe, self._k = 0, best
 
 

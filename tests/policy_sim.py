@@ -44,6 +44,7 @@ class RunResult:
     seconds: float = 0.0
     ttft: list = field(default_factory=list)       # per request: prompt, drafter prefill, first step
     drafted: int = 0
+    draft_prefills: int = 0                        # requests whose drafter was prefilled before the first step
 
     @property
     def throughput(self) -> float:
@@ -82,6 +83,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
         if policy.next_draft_len() > 0:     # begin(prefill=True): the drafter catches up before the first step
             out.seconds += spend(machine.draft_batch(history))
             in_draft = history
+            out.draft_prefills += 1
         n_out = 0
         while n_out < max_tokens:
             k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
