@@ -132,28 +132,31 @@ class _Timing:
 
 
 class AutoPolicy(DraftPolicy):
-    """Pick k to maximise expected tokens per second under a measured cost model, never losing much to plain
-    decoding where speculation cannot pay.
+    """Pick k to maximise expected tokens per second under a measured cost model, and lose next to nothing to
+    plain decoding where speculation cannot pay.
 
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
     time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
     k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding.
 
-    One object serves a pair for its lifetime: the machine's costs (t_verify, t_draft) do not change between
-    requests, so what it measured stays. How it spends its steps:
-    1. Its first step is plain (a draft not yet prefilled would delay the first token), the second drafts
-       `k_start` tokens: one plain pass, one short verification and the draft's cost per token.
-    2. Perfect-draft bound: when even a draft that is always right could not beat plain decoding by `min_gain`
-       on these costs, acceptance is beside the point: it stays plain and re-measures the costs with a 2-token
-       draft every `recheck_every` steps.
-    3. Otherwise it drafts the best k. When plain decoding wins it probes with a 1-token draft after
-       `probe_every` plain steps, the interval doubling up to `max_probe_interval` while probes fail.
-    Exploration is paid from a credit: every step earns `loss_budget` of its time, and a step that drafted pays
-    what it lost against plain decoding (its time minus tokens x t_verify(1); a step that gained earns it). Probes
-    and optimistic estimates (which try longer drafts than the evidence supports) need credit, so exploring costs
-    at most about `loss_budget` of the time; drafting on the plain estimates needs none.
-    Estimates are decayed averages (weights normalised, so the first samples are plain means), so the policy
-    follows changes within a request. Plain steps cost O(1) here; a decision is made after each drafted step.
+    One object serves a pair for its lifetime (the server and chat keep theirs): the machine's costs do not change
+    between requests, so what it measured stays. How it spends its steps:
+    1. The first is plain (a draft not yet prefilled would delay the first token); the second drafts `k_start`
+       tokens: a plain pass, a short verification and the draft's cost per token. Where the answer is not clear
+       (or the timings contradict each other) it takes two more plain passes before deciding.
+    2. Perfect-draft bound: where even a draft that is always right could not beat plain decoding by `min_gain`,
+       acceptance is beside the point: it stays plain (the draft is then never prefilled) and re-measures with a
+       2-token draft every `recheck_every` steps.
+    3. Otherwise it drafts the best k, with a plain pass now and then where the gain is not obviously large (every
+       gain is judged against t_verify(1)). When plain wins it probes with a 1-token draft after `probe_every`
+       plain steps, the interval doubling up to `max_probe_interval` while probes fail.
+    Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost
+    against plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what
+    it gained, up to `credit_steps` plain passes. Optimistic estimates (longer drafts than the evidence supports)
+    need a positive credit; a probe needs credit for its cost, or waits until that cost is at most `loss_budget` of
+    the plain time since the last probe.
+    Timings are robust decayed averages (_Timing); acceptance counts decay too, so the policy follows changes within
+    a request. A plain step is O(1); the search over k runs after drafted steps only.
     """
 
     name = "auto"
@@ -182,7 +185,6 @@ class AutoPolicy(DraftPolicy):
         self._plain_samples, self._sure_gain, self._refresh_every = 3, 2.0, 8
         self._acc = [0.0] * (self.k_max + 1)
         self._tried = [0.0] * (self.k_max + 1)
-        # decayed sums and weights: estimate = sum / weight
         self._verify: dict[int, _Timing] = {}        # batch size -> seconds per target pass
         self._sizes: list[int] = []                  # measured batch sizes, sorted
         self._draft = _Timing()                      # seconds per drafted token
