@@ -194,6 +194,7 @@ class AutoPolicy(DraftPolicy):
         self._since_plain = 0         # drafted steps since the last plain one
         self._refresh = False         # this plain step re-measures t_verify(1) between drafted ones
         self._probe_interval = self.probe_every
+        self._probe_due = 0.0         # plain steps after the last decision when a probe is next considered
         self._probing = False         # the current draft length is a probe
         self._credit = 0.0            # seconds exploration may still lose against plain decoding
         self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
@@ -351,15 +352,18 @@ class AutoPolicy(DraftPolicy):
                 self._decide(probe_failed=False)
             return
         self._since_probe += 1
-        if self._since_probe < (self._probe_interval if self._pays else self.recheck_every):
+        if self._since_probe < self._probe_due:
             return
         # 1 token tells acceptance; 2 measure the draft after its catch-up. A probe is paid from the credit, or
         # waits until it costs at most loss_budget of the plain time since the last one (a drafter far behind
-        # makes a probe cost several plain passes).
+        # makes a probe cost several plain passes); both grow by `earned` a step, so the wait is known.
         k = min(1 if self._pays else 2, self.k_max)
-        loss = self._probe_loss(k)
-        if self._credit >= loss or self._since_probe * self.loss_budget * t_plain >= loss:
+        loss, earned = self._probe_loss(k), self.loss_budget * t_plain
+        covered = max(self._credit, self._since_probe * earned)
+        if covered >= loss:
             self._k, self._probing = k, True
+        else:
+            self._probe_due = self._since_probe + max(1.0, (loss - covered) / earned)
 
     def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
         d = self.decay
@@ -412,6 +416,7 @@ class AutoPolicy(DraftPolicy):
         else:
             self._probe_interval = self.probe_every
         self._since_probe, self._k = 0, best
+        self._probe_due = self._probe_interval if self._pays else self.recheck_every
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,
