@@ -33,11 +33,12 @@ from llamaspec.sysinfo import hardware_line
 def generate(pair, policy, prompt: list[int], tokens: int, temperature: float, seed: int) -> dict:
     pair.set_policy(policy)
     pair.reset()
+    draft_before = pair.draft_ctx.decode_seconds
     c = pair.generate(list(prompt), max_tokens=tokens, temperature=temperature, seed=seed)
     s = c.stats
     return {"wall": s.time_total, "ttft": s.time_to_first_token, "prefill": s.time_prefill,
             "tokens": s.tokens_generated, "drafted": s.drafted, "accepted": s.accepted, "passes": s.target_passes,
-            "output": c.tokens}
+            "draft_decode": pair.draft_ctx.decode_seconds - draft_before, "output": c.tokens}
 
 
 def spread(values: list[float]) -> str:
@@ -92,7 +93,8 @@ def main() -> None:
                     r = generate(pair, policy, prompt, a.tokens, temperature, seed=1000 * rnd + i)
                     records.append({"round": rnd, "temperature": temperature, "prompt": i, "mode": mode, **r})
                     print(f"round {rnd} T={temperature} prompt {i} {mode}: {r['wall']:.2f} s, "
-                          f"ttft {r['ttft']:.3f} s, drafted {r['drafted']}", file=sys.stderr)
+                          f"ttft {r['ttft']:.3f} s, drafted {r['drafted']}, draft decode {r['draft_decode']:.3f} s",
+                          file=sys.stderr)
     elapsed = time.time() - t_start
     load_after = os.getloadavg()
 
@@ -109,8 +111,8 @@ def main() -> None:
              f"- auto's cost model at the end: {policy_state(auto)}", "",
              "| temperature | round | plain s/reply | auto s/reply | total auto/plain | per-prompt time/token "
              "auto/plain: median [min-max] | TTFT plain s | TTFT auto s | TTFT auto/plain: median [min-max] | "
-             "auto drafted | greedy outputs equal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "auto drafted | auto's draft-model decode s | greedy outputs equal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
     for temperature in temps:
         for rnd in [*range(a.rounds), None]:
@@ -130,7 +132,7 @@ def main() -> None:
                          f"{statistics.median(y['wall'] for y in q):.2f} | {total:.3f} | {spread(time_ratio)} | "
                          f"{statistics.median(x['ttft'] for x in p):.3f} | "
                          f"{statistics.median(y['ttft'] for y in q):.3f} | {spread(ttft_ratio)} | "
-                         f"{sum(y['drafted'] for y in q)} | {same} |")
+                         f"{sum(y['drafted'] for y in q)} | {sum(y['draft_decode'] for y in q):.2f} | {same} |")
             summary.append({"temperature": temperature, "round": label, "total_ratio": total,
                             "time_ratio_median": statistics.median(time_ratio),
                             "ttft_ratio_median": statistics.median(ttft_ratio),

@@ -153,11 +153,9 @@ def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
 
 
 # -- auto on simulated machines: the engine's step on a fake clock (policy_sim.py) ---------------------------------
-from policy_sim import CPU, GPU, Machine, compare, simulate  # noqa: E402
+from policy_sim import CPU, GPU, SHARED_CPU, compare, simulate  # noqa: E402
 
 SEEDS = range(5)
-# the real 2-core CPU pair's costs (Qwen2.5-Coder 1.5B Q4_K_M + 0.5B): a perfect draft would about break even
-SHARED_CPU = Machine("shared 2-core cpu", lambda n: 1.0 + 0.45 * (n - 1), 0.58, 0.15, noise=0.3, spikes=0.02)
 
 
 def test_auto_starts_plain_then_measures_a_short_draft():
