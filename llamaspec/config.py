@@ -16,8 +16,9 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
-# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/)
-DRAFTER_KINDS = ("model", "lookup", "lookup+model")
+# where draft tokens come from; "lookup+model" tries prompt lookup first; "eagle3" and "dflash" are drafts that read
+# the target's hidden states (see drafters/)
+DRAFTER_KINDS = ("model", "lookup", "lookup+model", "eagle3", "dflash")
 
 DEFAULT_N_CTX = 4096
 

@@ -72,6 +72,9 @@ class Context:
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
         self.decode_calls = 0
+        # called as observer(tokens, first_position) after every successful llama_decode (each n_batch chunk),
+        # while what the decode produced besides logits (layer inputs, hidden rows) is still in llama.cpp's buffers
+        self.decode_observers: list = []
 
     @property
     def n_past(self) -> int:
@@ -179,6 +182,8 @@ class Context:
             if rc != 0:
                 self._decode_failed(rc, m)
             self.tokens.extend(chunk.tolist())
+            if self.decode_observers:
+                self._notify(chunk, self.n_past - m)
             start += m
         return ptr
 
@@ -207,7 +212,13 @@ class Context:
         if rc != 0:
             self._decode_failed(rc, 1)
         self.tokens.append(token)
+        if self.decode_observers:
+            self._notify([token], len(self.tokens) - 1)
         return result
+
+    def _notify(self, tokens, first_position: int) -> None:
+        for observer in self.decode_observers:
+            observer(tokens, first_position)
 
     def _decode_failed(self, rc: int, m: int):
         # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call

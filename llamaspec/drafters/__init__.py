@@ -11,6 +11,8 @@ from typing import Callable
 from ..config import DRAFTER_KINDS
 from ..errors import InvalidParameterError
 from .base import Draft, Drafter, Sampling, common_prefix_len
+from .dflash import DFlashDrafter
+from .eagle3 import Eagle3Drafter
 from .lookup import CombinedDrafter, PromptLookupDrafter
 from .model import ModelDrafter
 
@@ -28,11 +30,22 @@ def _lookup_model(target, draft_ctx):
     return CombinedDrafter(_lookup(target, draft_ctx), model) if model else _lookup(target, draft_ctx)
 
 
-# drafter kind -> builder(target model, draft context or None) -> Drafter or None (nothing to draft with)
+def _eagle3(target, draft_ctx):
+    return Eagle3Drafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
+
+
+def _dflash(target, draft_ctx):
+    return DFlashDrafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
+
+
+# drafter kind -> builder(target model, draft context or None) -> Drafter or None (nothing to draft with);
+# eagle3 / dflash take the context of such a draft, bound to the target's (backend.hidden.HiddenDraftContext)
 DRAFTERS: dict[str, Callable] = {
     "model": _model,
     "lookup": _lookup,
     "lookup+model": _lookup_model,
+    "eagle3": _eagle3,
+    "dflash": _dflash,
 }
 assert tuple(DRAFTERS) == DRAFTER_KINDS
 
@@ -45,4 +58,4 @@ def make_drafter(kind: str, target, draft_ctx=None) -> Drafter | None:
 
 
 __all__ = ["Draft", "Drafter", "Sampling", "DRAFTERS", "make_drafter", "common_prefix_len", "ModelDrafter",
-           "PromptLookupDrafter", "CombinedDrafter"]
+           "PromptLookupDrafter", "CombinedDrafter", "Eagle3Drafter", "DFlashDrafter"]
