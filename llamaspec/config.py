@@ -16,9 +16,10 @@ CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
-# where draft tokens come from; "lookup+model" tries prompt lookup first; "eagle3" and "dflash" are drafts that read
-# the target's hidden states (see drafters/)
-DRAFTER_KINDS = ("model", "lookup", "lookup+model", "eagle3", "dflash")
+# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/); "mtp" is the target's own
+# multi-token-prediction head (no draft model); "eagle3" and "dflash" are drafts that read the target's hidden states
+DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp", "eagle3", "dflash")
+MTP_DRAFTERS = ("mtp", "lookup+mtp")
 
 DEFAULT_N_CTX = 4096
 
@@ -44,6 +45,7 @@ class ModelConfig:
     cache_type_k: str = "f16"                # one of CACHE_TYPES
     cache_type_v: str = "f16"
     n_rs_seq: int = 0                        # recurrent-state snapshots kept for rollback (hybrid models)
+    load_mtp: bool = False                   # load the multi-token-prediction (nextn) head too, if the file has one
 
     def __post_init__(self):
         _choice("split_mode", self.split_mode, SPLIT_MODES)

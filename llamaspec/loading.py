@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .config import LoadConfig
+from .config import MTP_DRAFTERS, LoadConfig
 from .drafters import make_drafter
 from .engine import Pair
 from .errors import InvalidParameterError, UnsupportedModelError
@@ -58,6 +58,10 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         raise InvalidParameterError(f"drafter {kind!r} needs its draft GGUF (draft=...)", param="draft")
     if policy_obj is None:
         policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min)
+    mtp = config.drafter in MTP_DRAFTERS
+    if mtp:
+        _check_mtp_header(target_info, draft, config.drafter)
+        config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
 
     # 2. the target
     target_model = Model(target, config.target, info=target_info)
@@ -72,9 +76,18 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
             f"{target}: its memory cannot drop rejected draft tokens (rollback: {name}), so speculative decoding "
             "is not supported with it (run it without a draft)")
 
-    # 3. the draft model, on local devices unless told otherwise
+    # 3. the draft: the target's own MTP head, or a draft model on local devices unless told otherwise
     draft_ctx = None
-    if draft is not None:
+    if mtp:
+        from .backend.mtp import MTPContext
+
+        try:
+            draft_ctx = MTPContext(target_ctx)
+        except BaseException:
+            target_ctx.close()
+            target_model.close()
+            raise
+    elif draft is not None:
         draft_config = config.draft_config()
         draft_devices: Sequence[str] | None = None
         if config.draft_device is not None:
@@ -100,6 +113,16 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
             raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
                                         "it cannot serve as a draft model")
     return Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj)
+
+
+def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
+    """The MTP drafters need a target whose file carries the head, and no draft model."""
+    if draft is not None:
+        raise InvalidParameterError(f"the {drafter} drafter drafts with the target's own MTP head; give no draft "
+                                    f"model ({draft})", param="drafter")
+    if info.n_layer_nextn <= 0:
+        raise UnsupportedModelError(f"{info.path}: no multi-token-prediction (MTP) head in this file "
+                                    f"({info.arch}.nextn_predict_layers is 0); draft with a model (-md) or --lookup-only")
 
 
 def _drafter_kind(kind: str, draft: ModelInfo) -> str:

@@ -11,7 +11,8 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
 from .model import Model
-from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log
+from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
+                     nextn_functions)
 from .rollback import Rollback, choose_rollback
 
 class Context:
@@ -20,6 +21,10 @@ class Context:
     `eval(tokens, logits)` appends tokens at positions n_past.. and returns the logits rows asked for as a view
     into llama.cpp's buffer, valid until the next eval. `keep(n)` drops every position >= n, the way the model's
     memory allows (`rollback`, chosen when the context is made).
+
+    `on_decode(tokens, first_position)`, when set, runs after every llama_decode of this context (each chunk of a
+    long eval, every verification, every single token), while that decode's rows are still readable: an MTP head
+    follows the target through it (`hidden_rows`), an EAGLE-3 / DFlash draft reads its layer inputs.
     """
 
     def __init__(self, model: Model, options: ModelConfig = ModelConfig()):
@@ -41,6 +46,7 @@ class Context:
         params.no_perf = True
         if hasattr(params, "n_outputs_max_per_seq"):
             params.n_outputs_max_per_seq = 0  # = n_batch: device argmax of every verified row (set_device_argmax)
+        self._configure(params)
 
         with native_log() as log:
             ptr = llama_cpp.llama_init_from_model(model._ptr, params)
@@ -72,13 +78,33 @@ class Context:
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
         self.decode_calls = 0
-        # called as observer(tokens, first_position) after every successful llama_decode (each n_batch chunk),
-        # while what the decode produced besides logits (layer inputs, hidden rows) is still in llama.cpp's buffers
-        self.decode_observers: list = []
+        self.on_decode = None       # callback(tokens, first_position) after each decode (see the class docstring)
+        self._hidden = None         # (base address, view) of the last hidden-state rows (hidden_rows)
+
+    def _configure(self, params) -> None:
+        """Change llama_context_params before the context is made (a subclass's hook)."""
 
     @property
     def n_past(self) -> int:
         return len(self.tokens)
+
+    def enable_hidden_rows(self) -> None:
+        """Make llama.cpp keep the final hidden state of every token of each decode (the input of an MTP head)."""
+        ext, why = nextn_functions()
+        if ext is None:
+            raise DecodeError(why)
+        ext.llama_set_embeddings_nextn(self._ptr, True, False)   # unmasked: one row per batch token
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        """(n, n_embd) zero-copy view of the hidden states of the last decode's first n tokens (enable_hidden_rows
+        first); valid until the next decode."""
+        ptr = nextn_functions()[0].llama_get_embeddings_nextn(self._ptr)   # waits for the device
+        if not ptr:
+            raise DecodeError("llama.cpp returned no hidden states for the last decode")
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        if self._hidden is None or self._hidden[0] != address:
+            self._hidden = (address, np.ctypeslib.as_array(ptr, shape=(self.n_batch, self.model.n_embd_out)))
+        return self._hidden[1][:n]
 
     def eval(self, tokens: Sequence[int], logits: str = "last") -> np.ndarray | None:
         """Decode `tokens` at positions n_past.. ; logits: 'last', 'all' or 'none'.
@@ -182,8 +208,8 @@ class Context:
             if rc != 0:
                 self._decode_failed(rc, m)
             self.tokens.extend(chunk.tolist())
-            if self.decode_observers:
-                self._notify(chunk, self.n_past - m)
+            if self.on_decode is not None:
+                self.on_decode(chunk, self.n_past - m)
             start += m
         return ptr
 
@@ -212,13 +238,9 @@ class Context:
         if rc != 0:
             self._decode_failed(rc, 1)
         self.tokens.append(token)
-        if self.decode_observers:
-            self._notify([token], len(self.tokens) - 1)
+        if self.on_decode is not None:
+            self.on_decode((token,), self.n_past - 1)
         return result
-
-    def _notify(self, tokens, first_position: int) -> None:
-        for observer in self.decode_observers:
-            observer(tokens, first_position)
 
     def _decode_failed(self, rc: int, m: int):
         # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call

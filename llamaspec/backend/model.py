@@ -41,6 +41,8 @@ class Model:
             params.tensor_split = self._tensor_split
         params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
         params.use_extra_bufts = not options.no_repack
+        if options.load_mtp and hasattr(params, "load_mtp"):
+            params.load_mtp = True  # the nextn block's tensors; without it llama.cpp skips them
         if options.rpc_servers:
             add_rpc_servers(options.rpc_servers)
         if options.devices is not None:
@@ -59,6 +61,12 @@ class Model:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(ptr))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(ptr))
+        # multi-token-prediction blocks: counted by the header; their weights are there only with load_mtp
+        nextn = getattr(llama_cpp, "llama_model_n_layer_nextn", None)
+        self.n_layer_nextn = int(nextn(ptr)) if nextn is not None else 0
+        self.mtp_loaded = bool(options.load_mtp and hasattr(params, "load_mtp") and self.n_layer_nextn > 0)
+        embd_out = getattr(llama_cpp, "llama_model_n_embd_out", llama_cpp.llama_model_n_embd)
+        self.n_embd_out = int(embd_out(ptr))     # width of the final hidden state (the LM head's input)
         self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos = int(llama_cpp.llama_vocab_eos(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))

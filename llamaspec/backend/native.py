@@ -101,6 +101,36 @@ def load_error(log: str, what: str, oom_hint: str) -> ModelLoadError:
     return ModelLoadError(f"{what} ({lines[-1] if lines else 'no details from llama.cpp'})")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Multi-token prediction (nextn): llama.cpp's hidden-state functions live in its C++ staging API (llama-ext.h), bound
+# by llama-cpp-python's llama_cpp_ext module, which looks the mangled names up in libllama and raises at import when
+# a symbol is missing (older builds, other platforms' name mangling). Resolved once; never fatal.
+# ---------------------------------------------------------------------------------------------------------------
+_NEXTN: list = []
+
+
+def nextn_functions():
+    """(llama_cpp_ext module, None), or (None, why this build cannot do MTP)."""
+    if not _NEXTN:
+        missing = [name for name in ("LLAMA_CONTEXT_TYPE_MTP", "llama_model_n_layer_nextn", "llama_model_n_embd_out")
+                   if not hasattr(llama_cpp, name)]
+        fields = {f for f, _ in llama_cpp.llama_context_params._fields_} | \
+            {f for f, _ in llama_cpp.llama_model_params._fields_}
+        missing += [name for name in ("ctx_type", "load_mtp") if name not in fields]
+        ext, reason = None, None
+        if missing:
+            reason = f"llama_cpp lacks {', '.join(missing)}"
+        else:
+            try:
+                from llama_cpp import llama_cpp_ext as ext
+            except (ImportError, AttributeError, OSError) as exc:
+                reason = f"llama_cpp_ext: {exc}"
+        _NEXTN.append((ext, None if ext is not None else
+                       f"this llama-cpp-python ({library_version()}) cannot run an MTP head ({reason}); "
+                       "MTP drafting needs llama-cpp-python 0.3.36 or newer"))
+    return _NEXTN[0]
+
+
 def supports_gpu_offload() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 

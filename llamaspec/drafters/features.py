@@ -1,7 +1,7 @@
 """What EAGLE-3 and DFlash drafters share: they draft from the target's own hidden states.
 
 The target's layer inputs exist only right after each of its decodes (prompt chunks and verifications alike), so
-the drafter watches the target's context (`Context.decode_observers`) and copies each decode's rows into a tail of
+the drafter watches the target's context (`Context.on_decode`) and copies each decode's rows into a tail of
 features not yet fed to the draft. The tail is fed lazily, when a draft is asked for: rejected draft tokens are
 dropped from it first (they never reach the draft's cache), a pause in speculation costs only copies, and the
 draft's work is counted as drafting. The tail holds at most one batch; a longer run of target decodes (a prompt)
@@ -38,7 +38,9 @@ class HiddenStateDrafter(Drafter):
         self._sampling: Sampling | None = None
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
-        ctx.target_ctx.decode_observers.append(self._target_decoded)
+        if ctx.target_ctx.on_decode is not None:
+            raise RuntimeError("internal: the target context already has a decode observer")
+        ctx.target_ctx.on_decode = self._target_decoded
 
     # -- what a kind implements ---------------------------------------------------------------------------------
     def _feed(self, tokens: np.ndarray, rows: np.ndarray, first_pos: int) -> None:
@@ -108,9 +110,8 @@ class HiddenStateDrafter(Drafter):
         self._fed = self._n = 0
 
     def close(self) -> None:
-        observers = self.ctx.target_ctx.decode_observers
-        if self._target_decoded in observers:
-            observers.remove(self._target_decoded)
+        if self.ctx.target_ctx.on_decode == self._target_decoded:
+            self.ctx.target_ctx.on_decode = None
         self.ctx.close()
         self.ctx.model.close()
 

@@ -70,12 +70,12 @@ class PromptLookupDrafter(Drafter):
 
 
 class CombinedDrafter(Drafter):
-    """Prompt lookup first; the draft model when lookup finds nothing."""
+    """Prompt lookup first; the draft model (or the target's MTP head) when lookup finds nothing."""
 
     kind = "lookup+model"
 
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
-        self.lookup, self.model = lookup, model
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter, kind: str = "lookup+model"):
+        self.lookup, self.model, self.kind = lookup, model, kind
         self.contexts = model.contexts
         self._from_model = False
 

@@ -90,6 +90,11 @@ class ModelInfo:
         return int(self.arch_get("block_count", 0))
 
     @property
+    def n_layer_nextn(self) -> int:
+        """Multi-token-prediction (nextn) blocks at the end of the file's blocks (counted in n_layer)."""
+        return int(self.arch_get("nextn_predict_layers", 0) or 0)
+
+    @property
     def n_ctx_train(self) -> int:
         return int(self.arch_get("context_length", 0))
 

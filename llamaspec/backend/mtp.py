@@ -1,0 +1,157 @@
+"""The context of a target's multi-token-prediction head (MTP, "nextn"): llama.cpp runs the head's block alone
+(LLAMA_CONTEXT_TYPE_MTP) over the target model's weights, with a plain KV cache of its own.
+
+Each entry of its batches is a token *and* a hidden state: at position p the head reads the embedding of x_p and
+h_{p-1} (the target's final hidden state at p-1 when it follows the target, its own output when it drafts ahead)
+and predicts x_{p+1}. The legacy llama_batch carries both (token ids and `embd` rows; llama.cpp's batch conversion
+keeps the two for such batches), so a batch's hidden states go in as one numpy copy rather than one llama_batch_ext
+call per entry. The head's own output rows are read unmasked (row i = batch entry i): llama.cpp's masked mode
+returns the batch's first row for a batch whose only output is its last entry.
+
+This module knows what an MTP context needs from llama.cpp, not when to decode what (drafters/mtp.py does).
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ContextOverflowError, DecodeError, ModelLoadError, UnsupportedModelError
+from .context import Context
+from .native import llama_cpp, nextn_functions
+from .rollback import TailDrop
+
+
+def mtp_unsupported(model) -> str | None:
+    """Why `model` (a loaded backend Model) cannot draft with its MTP head, or None when it can."""
+    ext, why = nextn_functions()
+    if ext is None:
+        return why
+    if model.n_layer_nextn <= 0:
+        return f"{model.path}: no multi-token-prediction (MTP) head in this file (nextn_predict_layers is 0)"
+    if not model.mtp_loaded:
+        return f"{model.path}: loaded without its MTP head (load_mtp)"
+    n_embd_inp = getattr(llama_cpp, "llama_model_n_embd_inp", None)
+    if n_embd_inp is not None and int(n_embd_inp(model._ptr)) != model.n_embd_out:
+        return (f"{model.path}: its MTP head takes {int(n_embd_inp(model._ptr))}-wide inputs but the hidden state is "
+                f"{model.n_embd_out} wide; llama.cpp's MTP batches cannot carry that")
+    return None
+
+
+class MTPContext(Context):
+    """The MTP head of `target_ctx`'s model, at the target's context size, following the target's positions.
+
+    `decode(tokens, first_hidden, rest_hidden, output)` appends (token, hidden state) entries at n_past..;
+    `last_logits()` / `last_argmax()` / `hidden_row(i)` read the result. `keep(n)` always works (a plain KV cache);
+    `restart_at(p)` empties the cache and goes on at position p (llama.cpp accepts any first position in an empty
+    cache), for when the hidden states of the positions before p are gone.
+    """
+
+    def __init__(self, target_ctx: Context):
+        model = target_ctx.model
+        why = mtp_unsupported(model)
+        if why is not None:
+            raise UnsupportedModelError(why)
+        self.target = target_ctx
+        self._target_ptr = target_ctx._ptr
+        options = target_ctx.options.replace(n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch)
+        if hasattr(options, "n_rs_seq"):
+            options = options.replace(n_rs_seq=0)
+        try:
+            super().__init__(model, options)
+        except ModelLoadError as exc:
+            raise type(exc)(f"{exc} (the MTP head's context)") from None
+        self.rollback = TailDrop()      # the head's memory is a plain KV cache, whatever the trunk's is
+        self._before_decode = None
+        self.n_embd = model.n_embd_out
+
+        # one batch of (token, hidden state) entries, its arrays owned here (the struct points into them)
+        n = self.n_batch
+        self._pair_tok = np.zeros(n, dtype=np.int32)
+        self._pair_pos = np.zeros(n, dtype=np.int32)
+        self._pair_embd = np.zeros((n, self.n_embd), dtype=np.float32)
+        self._pair_nseq = np.ones(n, dtype=np.int32)
+        self._pair_out = np.zeros(n, dtype=np.int8)
+        self._seq_zero = (ctypes.c_int32 * 1)(0)
+        seq_ptr = ctypes.cast(self._seq_zero, ctypes.POINTER(ctypes.c_int32))
+        self._pair_seq = (ctypes.POINTER(ctypes.c_int32) * n)(*([seq_ptr] * n))
+        self._pair_batch = llama_cpp.llama_batch(
+            n_tokens=0, token=self._pair_tok.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token)),
+            embd=self._pair_embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            pos=self._pair_pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos)),
+            n_seq_id=self._pair_nseq.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), seq_id=self._pair_seq,
+            logits=self._pair_out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
+        self._logits_ptr = None
+        self.enable_hidden_rows()       # the head's own output rows, to chain drafts
+        target_ctx.enable_hidden_rows()  # the target's rows, to follow it
+
+    def _configure(self, params) -> None:
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = self._target_ptr
+        if hasattr(params, "n_rs_seq"):
+            params.n_rs_seq = 0
+
+    # -- decoding ----------------------------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], first_hidden: np.ndarray, rest_hidden: np.ndarray | None = None,
+               output: str | None = None) -> None:
+        """Decode entries (tokens[i], hidden_i) at positions n_past.., hidden_0 = first_hidden and hidden_i =
+        rest_hidden[i-1]. output: None, "logits" or "argmax" (device-side; set_device_argmax first) of the last
+        entry."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
+        if self.n_past + n > self.n_ctx:
+            raise ContextOverflowError(f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
+        if output == "logits" and self._argmax_sampler is not None:
+            self.set_device_argmax(False)
+        start = self.n_past
+        if n == 1:
+            self._pair_tok[0] = tokens[0]
+            self._pair_pos[0] = start
+        else:
+            self._pair_tok[:n] = tokens
+            self._pair_pos[:n] = np.arange(start, start + n, dtype=np.int32)
+            self._pair_embd[1:n] = rest_hidden
+            self._pair_out[:n] = 0
+        self._pair_embd[0] = first_hidden
+        self._pair_out[n - 1] = 1 if output else 0
+        self._pair_batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
+        if rc == 0 and output:
+            if self._argmax_sampler is None:
+                self._logits_ptr = llama_cpp.llama_get_logits(self._ptr)  # waits for the device
+            else:
+                llama_cpp.llama_synchronize(self._ptr)
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            self._decode_failed(rc, n)
+        self.tokens.extend(int(t) for t in tokens)
+
+    def last_logits(self) -> np.ndarray:
+        """The logits row of the last decode's output entry (a view, valid until the next decode)."""
+        return self._logits_view(self._logits_ptr, 1)[0]
+
+    def last_argmax(self) -> int:
+        token = int(llama_cpp.llama_get_sampled_token_ith(self._ptr, -1))
+        if token < 0:
+            raise DecodeError("llama.cpp returned no argmax token for the MTP head's output")
+        return token
+
+    def hidden_row(self, i: int) -> np.ndarray:
+        """The head's output hidden state of entry i of the last decode (what it reads in place of the target's
+        hidden state when it drafts the next token)."""
+        return self.hidden_rows(i + 1)[i]
+
+    def restart_at(self, position: int) -> None:
+        """Empty the cache and continue at `position`; the positions before it are unknown to the head."""
+        self.clear()
+        self.tokens.extend([-1] * position)   # -1: never decoded here, matches no token
+
+    def eval(self, tokens, logits="last"):
+        raise DecodeError("internal: an MTP context decodes (token, hidden state) entries: use decode()")
+
+    eval_argmax = eval
