@@ -8,8 +8,8 @@ import traceback
 
 import click
 
-from ..config import (CACHE_TYPES, DEFAULT_N_CTX, FLASH_ATTN_MODES, POLICY_NAMES, SPLIT_MODES, LoadConfig,
-                      ModelConfig)
+from ..config import (CACHE_TYPES, DEFAULT_N_CTX, DRAFTER_KINDS, FLASH_ATTN_MODES, POLICY_NAMES, SPLIT_MODES,
+                      LoadConfig, ModelConfig)
 from ..errors import LlamaspecError
 
 EXIT_ERROR = 1
@@ -127,6 +127,8 @@ def pair_options(func):
                      help="Prompt lookup first, then the draft model."),
         click.option("--lookup-only", "drafter", flag_value="lookup",
                      help="Prompt lookup (n-gram) drafting, no draft model."),
+        click.option("--drafter", "drafter_kind", type=click.Choice(DRAFTER_KINDS), default=None,
+                     help="Where drafts come from; an EAGLE-3 or DFlash draft (-md) picks eagle3 / dflash itself."),
         click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts."),
         click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log."),
     ]
@@ -234,5 +236,6 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
         draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
-        draft_p_min=opts.get("draft_p_min"), drafter=opts.get("drafter"), verbose=opts.get("verbose", False))
+        draft_p_min=opts.get("draft_p_min"), drafter=opts.get("drafter_kind") or opts.get("drafter"),
+        verbose=opts.get("verbose", False))
     return load_pair(target, draft, config=config)

@@ -39,7 +39,7 @@ class DFlashDrafter(HiddenStateDrafter):
 
     def propose(self, history, last, max_len, p_min) -> Draft:
         t0 = time.perf_counter()
-        pos0 = self._pos0 = len(history)
+        pos0 = len(history)
         n = min(max_len, self.max_draft, len(self._block) - 1)
         ready, setup = self._catch_up(pos0, max_len)
         if not ready or n <= 0:

@@ -4,9 +4,14 @@ common_speculative_impl_draft_eagle3, examples/speculative-simple).
 The target's inputs of three layers at position P, concatenated, go through the draft's encoder (fc) to one row
 g_P. The draft's decoder at position P takes the pair (token at P+1, g_P) and predicts the token at P+2; so the pair
 of the newest position waits for the next token (the "deferred boundary"): the cache holds the pairs of positions
-< _fed - 1, and `_g_last` is g of position _fed - 1. A draft starts with (last, _g_last) at _fed - 1 and goes on
+< _fed - 1, and row 0 of `_g` is g of position _fed - 1. A draft starts with (last, that row) at _fed - 1, goes on
 from the draft's own pre-norm hidden rows; its entries are dropped afterwards (the verification's features
 replace them). Drafting samples from the draft's distribution, so q is that distribution (top-k etc. applied).
+
+The g rows of the last RING_ROWS positions are kept, so when the target goes back inside them (a regenerated reply,
+a new conversation with the same system prompt) the pair at the new boundary is rebuilt exactly. Further back, the
+pair before the boundary keeps the token that followed it then (the cache must stay contiguous) and the first
+step cannot draft: the draft's view of that one position is off, which may cost acceptance, never correctness.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from ..sampling import filtered_probs, max_prob, sample_from
 from .base import NO_DRAFT, Draft
 from .features import HiddenStateDrafter
 
+RING_ROWS = 1024
+
 
 class Eagle3Drafter(HiddenStateDrafter):
     kind = "eagle3"
@@ -27,6 +34,9 @@ class Eagle3Drafter(HiddenStateDrafter):
         # row 0: g of position _fed - 1 (the deferred pair's); rows 1..m: the encoder output of the batch being fed
         self._g = np.zeros((len(self._rows) + 1, ctx.n_embd), np.float32)
         self._has_g = False
+        rows = max(1, min(RING_ROWS, ctx.n_ctx))
+        self._ring = np.zeros((rows, ctx.n_embd), np.float32)   # g of position q at row q % rows
+        self._ring_pos = np.full(rows, -1, np.int64)
 
     # -- feeding ------------------------------------------------------------------------------------------------
     def _feed(self, tokens, rows, first_pos) -> None:
@@ -39,21 +49,31 @@ class Eagle3Drafter(HiddenStateDrafter):
             self.ctx.decode(tokens[1:], first_pos, self._g[1:m])
         self._g[0] = self._g[m]
         self._has_g = True
+        positions = first_pos + np.arange(m)
+        self._ring[positions % len(self._ring)] = self._g[1:m + 1]
+        self._ring_pos[positions % len(self._ring)] = positions
 
     def _rewind(self, pos: int) -> None:
-        # g of position pos - 1 is gone; its pair stays (with the token that followed it then), so the cache stays
-        # contiguous: llama.cpp requires each batch to start right after the cached positions
+        slot = (pos - 1) % len(self._ring)
+        if pos > 0 and self._ring_pos[slot] == pos - 1:   # g of the new boundary is known: rebuild its pair
+            self.ctx.keep(pos - 1)
+            self._g[0] = self._ring[slot]
+            self._has_g = True
+            return
+        # else the pair at pos - 1 stays, with the token that followed it then: llama.cpp wants each batch to start
+        # right after the cached positions
         self.ctx.keep(pos)
         self._has_g = False
 
     def _restart(self) -> None:
         self.ctx.clear()
         self._has_g = False
+        self._ring_pos[:] = -1
 
     # -- drafting -----------------------------------------------------------------------------------------------
     def propose(self, history, last, max_len, p_min) -> Draft:
         t0 = time.perf_counter()
-        pos0 = self._pos0 = len(history)
+        pos0 = len(history)
         ready, setup = self._catch_up(pos0, max_len)
         if not ready or not self._has_g or max_len <= 0:
             return NO_DRAFT

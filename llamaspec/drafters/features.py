@@ -34,7 +34,6 @@ class HiddenStateDrafter(Drafter):
         self._tokens = np.zeros(capacity, np.int64)
         self._fed = 0            # target positions < _fed are in the draft's cache
         self._n = 0              # tail: positions _fed .. _fed + _n - 1
-        self._pos0 = 0           # len(history) at the last proposal
         self._sampling: Sampling | None = None
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
@@ -100,10 +99,6 @@ class HiddenStateDrafter(Drafter):
         self._sampling = sampling
         if prefill:
             self._catch_up(len(history), 0)
-
-    def accepted(self, n_accepted: int) -> None:
-        # the target keeps [last] and the accepted drafts: the tail's rows past them were rejected
-        self._cut(min(self._pos0 + 1 + n_accepted, self._fed + self._n))
 
     def reset(self) -> None:
         self._restart()
