@@ -278,3 +278,24 @@ def test_a_build_without_the_layer_input_functions_refuses_in_one_line(models, m
     with pytest.raises(UnsupportedModelError, match="llama_get_embeddings_layer_inp") as err:
         load_pair(str(models["base"]), str(models["dflash"]), **SETTINGS)
     assert "\n" not in str(err.value)
+
+
+def test_cli_runs_an_eagle3_and_a_dflash_draft(models):
+    import json
+
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+
+    common = ["-c", "256", "-t", "2", "--no-repack", "-n", "12", "--policy", "fixed", "--draft-max", "3", "--json",
+              "tok_1 tok_2 tok_3"]
+    for draft, flags in (("eagle3-emulate", []), ("dflash-emulate", ["--drafter", "dflash"])):
+        result = CliRunner().invoke(main, ["run", "-m", str(models["bigram"]), "-md", str(models[draft]),
+                                           *flags, *common])
+        assert result.exit_code == 0, result.output
+        stats = json.loads(result.stdout)["stats"]
+        assert stats["drafted"] > 0 and stats["accepted"] > 0, draft
+    bad = CliRunner().invoke(main, ["run", "-m", str(models["bigram"]), "-md", str(models["eagle3-emulate"]),
+                                    "--drafter", "dflash", *common])
+    assert bad.exit_code != 0 and "use drafter 'eagle3', not 'dflash'" in bad.output
+    assert "Traceback" not in bad.output

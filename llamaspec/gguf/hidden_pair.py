@@ -130,6 +130,22 @@ def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     return None
 
 
+def hidden_pair_fields(target: ModelInfo, draft: ModelInfo) -> list[tuple[str, str, str, bool]]:
+    """For `llamaspec check`: (label, target value, draft value, ok) of what a hidden-state draft needs; [] for
+    other drafts. The verdict is hidden_pair_mismatch's."""
+    info = hidden_draft_info(draft)
+    if info is None:
+        return []
+    top = target.n_layer if (target.arch in HEAD_TAP_ARCHS and info.kind == "dflash") else target.n_layer - 1
+    width = info.target_hidden_size if info.kind == "eagle3" else info.n_embd
+    return [
+        (f"target arch ({info.kind} taps)", target.arch, info.kind, target.arch in TAP_ARCHS),
+        ("tapped target layers", f"0..{top}", ",".join(map(str, info.target_layers)),
+         bool(info.target_layers) and all(0 <= x <= top for x in info.target_layers)),
+        ("hidden size", str(target.n_embd), str(width), width in (None, target.n_embd)),
+    ]
+
+
 def read_d2t(draft: ModelInfo) -> np.ndarray:
     """The d2t map (draft row -> target token id) from the file's tensor data (int64), empty without one."""
     t = next((t for t in draft.tensors if t.name == "d2t"), None)
