@@ -97,9 +97,9 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
 
 
 def run_llama_spec(tools: Path, target: str, draft: str, prompt: str, n_tokens: int, k: int, temperature: float,
-                   threads: int, no_repack: bool, extra: list[str]) -> dict:
+                   threads: int, no_repack: bool, extra: list[str], spec_type: str = "draft-simple") -> dict:
     exe = tools / "llama-speculative-simple"
-    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--spec-type", "draft-simple",
+    cmd = [str(exe), "-m", target, "-md", draft, "-p", prompt, "-n", str(n_tokens), "--spec-type", spec_type,
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
            "-t", str(threads), "-td", str(threads), "-c", "2048",
            "--temp", str(temperature), "--seed", "1", "-ngl", "99", "-ngld", "99", *extra]
@@ -135,16 +135,24 @@ def main() -> None:
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
+    ap.add_argument("--spec-type", default=None,
+                    help="llama-speculative-simple's --spec-type [default: from the draft: draft-eagle3 for an "
+                         "EAGLE-3 draft, draft-dflash for a DFlash one, else draft-simple]")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+    if a.spec_type is None:  # the same drafter llamaspec picks for this file
+        from llamaspec.gguf.reader import read_model_info
+
+        arch = read_model_info(a.draft).arch
+        a.spec_type = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
     temps = [float(t) for t in a.temps.split(",")]
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
-             f"- target: {Path(a.target).name}; draft: {Path(a.draft).name}",
+             f"- target: {Path(a.target).name}; draft: {Path(a.draft).name} (llama.cpp: --spec-type {a.spec_type})",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
@@ -169,7 +177,7 @@ def main() -> None:
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
-                                   a.no_repack, a.llama_extra.split()) for p in prompts]
+                                   a.no_repack, a.llama_extra.split(), a.spec_type) for p in prompts]
             llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
                         drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))
