@@ -15,8 +15,6 @@ drafting one, unlike a draft model's n sequential passes.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..sampling import max_prob
@@ -38,7 +36,6 @@ class DFlashDrafter(HiddenStateDrafter):
         self.ctx.inject(rows, first_pos)
 
     def propose(self, history, last, max_len, p_min) -> Draft:
-        t0 = time.perf_counter()
         pos0 = len(history)
         n = min(max_len, self.max_draft, len(self._block) - 1)
         ready, setup = self._catch_up(pos0, max_len)

@@ -15,8 +15,6 @@ step cannot draft: the draft's view of that one position is off, which may cost 
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..sampling import filtered_probs, max_prob, sample_from
@@ -72,7 +70,6 @@ class Eagle3Drafter(HiddenStateDrafter):
 
     # -- drafting -----------------------------------------------------------------------------------------------
     def propose(self, history, last, max_len, p_min) -> Draft:
-        t0 = time.perf_counter()
         pos0 = len(history)
         ready, setup = self._catch_up(pos0, max_len)
         if not ready or not self._has_g or max_len <= 0:
