@@ -200,6 +200,8 @@ def main() -> None:
                     help="the target's non-output weights (the compute is the same)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--drafts", default="eagle3,dflash,eagle3-random,dflash-random",
+                    help="which drafts to write (comma-separated)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(a.seed)
@@ -207,11 +209,13 @@ def main() -> None:
     t0 = time.time()
     target, nxt = make_target(a.out / "target.gguf", preset, a.scenario, a.fill, rng)
     made = {"target": str(target)}
-    for emulate in (True, False):
-        suffix = "" if emulate else "-random"
-        made[f"eagle3{suffix}"] = str(make_eagle3(a.out / f"eagle3{suffix}.gguf", preset, emulate, rng))
-        made[f"dflash{suffix}"] = str(make_dflash(a.out / f"dflash{suffix}.gguf", preset, emulate, rng,
-                                                  a.block_size))
+    for name in a.drafts.split(","):
+        kind, _, variant = name.partition("-")
+        if kind not in ("eagle3", "dflash") or variant not in ("", "random"):
+            ap.error(f"--drafts: unknown draft {name!r} (eagle3, dflash, eagle3-random, dflash-random)")
+        path, emulate = a.out / f"{name}.gguf", not variant
+        made[name] = str(make_eagle3(path, preset, emulate, rng) if kind == "eagle3" else
+                         make_dflash(path, preset, emulate, rng, a.block_size))
     info = {"preset": a.preset, "shape": dict(zip(("n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim",
                                                    "n_vocab", "dflash_layers"), preset)),
             "scenario": a.scenario, "fill": a.fill, "block_size": a.block_size, "files": made,
