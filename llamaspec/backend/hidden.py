@@ -24,7 +24,7 @@ from ..errors import DecodeError, UnsupportedModelError
 from ..gguf.hidden_pair import HEAD_TAP_ARCHS, TAP_ARCHS, hidden_draft_info
 from .context import Context
 from .model import Model
-from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log
+from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, llama_cpp, load_error, native_log
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 _CTX = ctypes.c_void_p
@@ -246,31 +246,9 @@ class HiddenDraftContext:
             raise DecodeError("llama.cpp returned no argmax token for a draft output row")
         return out
 
-    def set_device_argmax(self, on: bool) -> bool:
-        """Take output rows' argmax on the device (no logits copied); see Context.set_device_argmax."""
-        if on == (self._argmax_sampler is not None):
-            return on
-        if on:
-            if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
-                return False
-            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-            with native_log():
-                ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
-            if not ok:
-                llama_cpp.llama_set_sampler(self._ptr, 0, None)
-                llama_cpp.llama_sampler_free(chain)
-                return False
-            self._argmax_sampler = chain
-            return True
-        llama_cpp.llama_set_sampler(self._ptr, 0, None)
-        llama_cpp.llama_sampler_free(self._argmax_sampler)
-        self._argmax_sampler = None
-        return False
-
-    @property
-    def device_argmax(self) -> bool:
-        return self._argmax_sampler is not None
+    # the same greedy sampler chain on seq 0 as a target context's (it needs only _ptr and _argmax_sampler)
+    set_device_argmax = Context.set_device_argmax
+    device_argmax = Context.device_argmax
 
     # -- the cache -----------------------------------------------------------------------------------------------
     def keep(self, n: int) -> None:
