@@ -103,10 +103,12 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filter
 
 
 def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_tokens: int, k: int,
-                   temperature: float, filters: dict, threads: int, no_repack: bool, extra: list[str]) -> dict:
-    """One llama-speculative-simple run: a draft model (draft-simple), or the target's MTP head (draft=None)."""
+                   temperature: float, filters: dict, threads: int, no_repack: bool, extra: list[str],
+                   spec_type: str = "draft-simple") -> dict:
+    """One llama-speculative-simple run: a draft model (spec_type draft-simple, draft-eagle3 or draft-dflash), or
+    the target's MTP head (draft=None)."""
     exe = tools / "llama-speculative-simple"
-    drafting = (["-md", draft, "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "99"] if draft
+    drafting = (["-md", draft, "--spec-type", spec_type, "-td", str(threads), "-ngld", "99"] if draft
                 else ["--spec-type", "draft-mtp"])
     cmd = [str(exe), "-m", target, *drafting, "-p", prompt, "-n", str(n_tokens),
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
@@ -154,6 +156,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
+    ap.add_argument("--spec-type", default=None,
+                    help="llama-speculative-simple's --spec-type [default: from the draft: draft-eagle3 for an "
+                         "EAGLE-3 draft, draft-dflash for a DFlash one, else draft-simple]")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -161,13 +166,18 @@ def main() -> None:
         ap.error("give --draft with --drafter model (the default), and no --draft with the MTP drafters")
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+    if a.spec_type is None and a.draft is not None:  # the same drafter llamaspec picks for this file
+        from llamaspec.gguf.reader import read_model_info
+
+        arch = read_model_info(a.draft).arch
+        a.spec_type = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
     temps = [float(t) for t in a.temps.split(",")]
     filters = {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p}
     modes = a.modes.split(",")
     lines = [f"# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {Path(a.target).name}; draft: {Path(a.draft).name if a.draft else 'none'}; "
-             f"drafter: {a.drafter}",
+             f"drafter: {a.drafter} (llama.cpp: --spec-type {a.spec_type if a.draft else 'draft-mtp'})",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}",
@@ -196,7 +206,7 @@ def main() -> None:
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
-                                   a.no_repack, a.llama_extra.split()) for p in prompts]
+                                   a.no_repack, a.llama_extra.split(), a.spec_type) for p in prompts]
             llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
                         drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))

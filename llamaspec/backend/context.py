@@ -31,8 +31,8 @@ class Context:
     `checkpoint(turn)` marks a position the memory may be asked to come back to.
 
     `on_decode(tokens, first_position)`, when set, runs after every llama_decode of this context (each chunk of a
-    long eval, every verification, every replay, every single token), while that decode's rows are still readable:
-    an MTP head follows the target through it (`hidden_rows`).
+    long eval, every verification, every replay, every single token), while that decode's rows are still readable: an MTP
+    head follows the target through it (`hidden_rows`), an EAGLE-3 / DFlash draft reads its layer inputs.
     """
 
     def __init__(self, model: Model, options: ModelConfig = ModelConfig()):

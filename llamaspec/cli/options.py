@@ -129,7 +129,7 @@ def pair_options(func):
                      help="Prompt lookup (n-gram) drafting, no draft model."),
         click.option("--drafter", "drafter_kind", type=click.Choice(DRAFTER_KINDS), default=None,
                      help="Where drafts come from: a draft model, prompt lookup, the target's MTP head, or lookup "
-                          "first [default: model]."),
+                          "first [default: model]; an EAGLE-3 or DFlash draft (-md) picks eagle3 / dflash itself."),
         click.option("--spec-type", "spec_type", default=None, metavar="TYPES",
                      help=f"llama.cpp's names, comma-separated: {', '.join(SPEC_TYPES)} (e.g. draft-mtp)."),
         click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts."),
@@ -142,9 +142,10 @@ def pair_options(func):
 
 # llama.cpp's --spec-type names -> llamaspec's drafter kinds (a comma-separated pair: lookup first, as llama.cpp
 # tries its n-gram drafters before the model ones)
-SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "ngram-simple": "lookup"}
+SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": "eagle3",
+              "draft-dflash": "dflash", "ngram-simple": "lookup"}
 _SPEC_PAIRS = {("lookup", "model"): "lookup+model", ("lookup", "mtp"): "lookup+mtp"}
-_SPEC_ELSEWHERE = ("draft-eagle3", "draft-dflash", "draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+_SPEC_ELSEWHERE = ("draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
                    "ngram-cache")
 
 

@@ -38,6 +38,9 @@ class Drafter(abc.ABC):
 
     kind = "base"            # its name in config.DRAFTER_KINDS
     contexts: tuple = ()     # llama.cpp contexts it owns (their decode time counts as the engine's)
+    # how drafting time grows with the draft length: "per_token" (one pass per token, a draft model) or
+    # "per_pass" (the whole draft in one pass, DFlash: c(n) is nearly flat in n)
+    draft_cost = "per_token"
 
     def begin(self, history: list[int], sampling: Sampling | None, p_min: float, prefill: bool) -> None:
         """A generation starts after `history` (already in the target's cache). `prefill`: catch up now, the
