@@ -231,8 +231,11 @@ def _attention_shapes(info, types, elem_types) -> str | None:
     q_heads = _per_layer(info, "attention.head_count", n_layer)
     kv_heads = _per_layer(info, "attention.head_count_kv", n_layer) or q_heads
     shapes = {t.name: t.shape for t in info.tensors}
+    # the recurrent blocks of a hybrid (Gated DeltaNet, Mamba: ssm_* tensors) have projections of their own shapes,
+    # also where they reuse the attention names (qwen35's linear-attention attn_qkv)
+    recurrent = {t.name.split(".")[1] for t in info.tensors if t.name.startswith("blk.") and ".ssm_" in t.name}
     for il, (n_q, n_kv) in enumerate(zip(q_heads, kv_heads)):
-        if n_q <= 0:
+        if n_q <= 0 or str(il) in recurrent:
             continue  # a recurrent block of a hybrid
         want = {"attn_k": (1, (head_k * n_kv,)), "attn_v": (1, (head_v * n_kv,)),
                 "attn_q": (1, (head_k * n_q, 2 * head_k * n_q)), "attn_output": (0, (head_v * n_q,)),
