@@ -332,13 +332,11 @@ class Context:
             self._tok[:m] = chunk
             self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
             self._out[:m] = 0
-            if logits == "all":
-                self._out[max(prefix - start, 0):m] = 1
-            elif logits == "last" and last_chunk:
-                self._out[m - 1] = 1
+            first_out = max(prefix - start, 0) if logits == "all" else m - 1 if logits == "last" and last_chunk else m
+            self._out[first_out:m] = 1
             if self._before_decode is not None:
                 t_hook = time.perf_counter()
-                self._before_decode(self, m, int(self._out[:m].sum()))
+                self._before_decode(self, m, m - first_out)
                 self.rollback_seconds += time.perf_counter() - t_hook
             self._batch.n_tokens = m
             t0 = time.perf_counter()
@@ -389,7 +387,7 @@ class Context:
         return result
 
     def _decode_failed(self, rc: int, m: int):
-        self.resync()  # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
+        self.resync()  # drop whatever part of the batch llama.cpp may have stored: the cache is as before
         if rc == 1:
             raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
                                        f"(context {self.n_ctx})")

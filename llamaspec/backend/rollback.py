@@ -116,13 +116,17 @@ class _Snapshots(Rollback):
         self._step: _Snapshot | None = None
         self._turns: list[_Snapshot] = []
         self._device = on_device  # the step checkpoint stays on the device, until a save there fails
+        self._spare: list[np.ndarray] = []  # host buffers of dropped checkpoints: a fresh one costs page faults
 
     def _save(self, ctx, on_device: bool, reuse: _Snapshot | None = None) -> _Snapshot | None:
         flags = PARTIAL_ONLY | (ON_DEVICE if on_device else 0)
         size = int(llama_cpp.llama_state_seq_get_size_ext(ctx._ptr, SEQ, flags))
         if size <= 0:
             return None
-        buf = reuse.data if reuse is not None and reuse.data.size >= size else np.empty(size, dtype=np.uint8)
+        if reuse is not None and not reuse.on_device:
+            self._spare.append(reuse.data)
+        fit = next((i for i, b in enumerate(self._spare) if b.size >= size), None) if not on_device else None
+        buf = self._spare.pop(fit) if fit is not None else np.empty(size, dtype=np.uint8)
         written = int(llama_cpp.llama_state_seq_get_data_ext(
             ctx._ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, SEQ, flags))
         return _Snapshot(ctx.n_in_memory, buf, written, on_device) if written else None
@@ -166,13 +170,18 @@ class _Snapshots(Rollback):
         # the restored recurrent cell ends at best.pos - 1, so this drops only the attention KV after it
         if not llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, best.pos, -1):
             raise DecodeError("llama.cpp could not trim the attention cache after restoring a checkpoint")
-        self._step = self._step if self._step is not None and self._step.pos <= n else None
-        self._turns = [s for s in self._turns if s.pos <= n]
+        self._forget_after(n)
         return best.pos
 
+    def _forget_after(self, n: int) -> None:
+        """Checkpoints taken after position n are void: the tokens before them changed."""
+        dropped = [s for s in (self._step, *self._turns) if s is not None and s.pos > n]
+        self._spare = (self._spare + [s.data for s in dropped if not s.on_device])[-2:]
+        self._step = self._step if self._step is not None and self._step.pos <= n else None
+        self._turns = [s for s in self._turns if s.pos <= n]
+
     def clear(self) -> None:
-        self._step = None
-        self._turns = []
+        self._forget_after(-1)
 
     def checkpoint_bytes(self) -> int:
         """Host memory the checkpoints take now."""
@@ -215,8 +224,7 @@ class BoundedRollback(_Snapshots):
         drop = ctx.memory_len() - n
         if 0 < drop <= self._undoable and llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, n, -1):
             self._undoable = 0  # one rollback per decode
-            self._step = self._step if self._step is not None and self._step.pos <= n else None
-            self._turns = [s for s in self._turns if s.pos <= n]
+            self._forget_after(n)
             return n
         reached = super().keep(ctx, n)
         if reached is not None:
