@@ -122,7 +122,7 @@ def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_t
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
     for _ in range(3):  # its log is written by a thread: on a busy machine the last lines can miss the exit
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=1800)
         log = out.stdout + out.stderr
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         if m or out.returncode != 0:

@@ -17,7 +17,7 @@ from ..sampling import Dist, SamplerConfig
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
                      nextn_functions, supports_gpu_offload)
-from .rollback import NoRollback, Rollback, choose_rollback
+from .rollback import NoRollback, Rollback, TailDrop, choose_rollback
 
 
 class Context:
@@ -202,6 +202,10 @@ class Context:
         """Whether sampling filters should run in llama.cpp's graph: when the output layer runs on a GPU. On the
         CPU backend numpy's filters cost less (top-p alone sorts the whole vocabulary there). The environment
         variable LLAMASPEC_DEVICE_SAMPLING=1 or 0 forces it on or off."""
+        if not isinstance(self.rollback, TailDrop):
+            # a recurrent memory restores and replays tokens; the device sampler's output rows have not been
+            # checked against replayed batches (an M-RoPE position error on a qwen35 target): numpy filters there
+            return False
         forced = os.environ.get("LLAMASPEC_DEVICE_SAMPLING", "").strip().lower()
         if forced in ("1", "on", "true", "yes", "0", "off", "false", "no"):
             return forced in ("1", "on", "true", "yes")

@@ -130,7 +130,7 @@ class HiddenDraftContext:
             raise UnsupportedModelError(f"{model.path}: not an EAGLE-3 or DFlash draft (arch {model.info.arch!r})")
         self.model, self.options, self.target_ctx, self.info = model, options, target_ctx, info
         self._ptr = None
-        self._argmax_sampler = None
+        self._chain = self._chain_kind = None   # a device sampler chain (set_device_argmax)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = target_ctx.n_ctx
         params.n_batch = params.n_ubatch = target_ctx.n_batch   # the encoder takes a whole batch as one ubatch
@@ -164,6 +164,8 @@ class HiddenDraftContext:
         self._pos = (llama_cpp.llama_pos * 4)()    # M-RoPE drafts read 4 positions per embedding row
         self.decode_seconds = 0.0
         self.decode_calls = 0
+        self.rollback_seconds = 0.0     # its cache drops a tail with seq_rm: nothing to restore or replay
+        self.replayed_tokens = 0
 
     # -- batches ------------------------------------------------------------------------------------------------
     def _row(self, rows: np.ndarray, i: int):
@@ -238,7 +240,7 @@ class HiddenDraftContext:
 
     def argmax(self, rows: int) -> list[int]:
         """Argmax token of each of the last batch's output rows: on the device with `set_device_argmax`."""
-        if self._argmax_sampler is None:
+        if self._chain_kind != "argmax":
             return self.logits(rows).argmax(axis=1).tolist()
         get = llama_cpp.llama_get_sampled_token_ith
         out = [get(self._ptr, i) for i in range(-rows, 0)]
@@ -246,9 +248,11 @@ class HiddenDraftContext:
             raise DecodeError("llama.cpp returned no argmax token for a draft output row")
         return out
 
-    # the same greedy sampler chain on seq 0 as a target context's (it needs only _ptr and _argmax_sampler)
+    # the same greedy sampler chain on seq 0 as a target context's (it needs only _ptr and the chain fields)
     set_device_argmax = Context.set_device_argmax
     device_argmax = Context.device_argmax
+    _attach_chain = Context._attach_chain
+    _detach_chain = Context._detach_chain
 
     # -- the cache -----------------------------------------------------------------------------------------------
     def keep(self, n: int) -> None:
@@ -267,8 +271,7 @@ class HiddenDraftContext:
 
     def close(self) -> None:
         if self._ptr is not None:
-            if self._argmax_sampler is not None:
-                self.set_device_argmax(False)
+            self._detach_chain()
             llama_cpp.llama_batch_ext_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
