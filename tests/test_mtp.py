@@ -311,3 +311,21 @@ def test_server_drafts_with_the_head_and_says_so(model_dir, tmp_path):
 def plain_text(path, prompt, n):
     with load_pair(str(path), **SETTINGS) as pair:
         return pair.generate(prompt, max_tokens=n).text
+
+
+def test_spec_type_names_map_onto_drafter_kinds():
+    import click
+
+    from llamaspec.cli.options import chosen_drafter, spec_type_drafter
+
+    assert [spec_type_drafter(v) for v in ("draft-mtp", "draft-simple", "ngram-simple", "none")] == \
+        ["mtp", "model", "lookup", None]
+    assert spec_type_drafter("draft-mtp,ngram-simple") == spec_type_drafter("ngram-simple,draft-mtp") == "lookup+mtp"
+    assert spec_type_drafter("ngram-simple,draft-simple") == "lookup+model"
+    for bad, says in (("draft-eagle3", "does not have"), ("draft-mtp,draft-simple", "one drafter"), ("x", "choose")):
+        with pytest.raises(click.BadParameter, match=says):
+            spec_type_drafter(bad)
+    assert chosen_drafter({"spec_type": "none"}) == (None, True)
+    assert chosen_drafter({"drafter_kind": "mtp", "spec_type": "draft-mtp"}) == ("mtp", False)
+    with pytest.raises(click.UsageError, match="disagree"):
+        chosen_drafter({"drafter": "lookup", "spec_type": "draft-mtp"})
