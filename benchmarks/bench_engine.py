@@ -51,6 +51,7 @@ class Row:
     passes: int = 0
     overhead: list = field(default_factory=list)   # Python overhead fraction per request
     step_overhead_ms: list = field(default_factory=list)
+    rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
 
     @property
     def tps(self) -> float:
@@ -95,6 +96,7 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
         row.overhead.append(s.python_overhead)
         if s.target_passes:
             row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
+            row.rollback_ms.append(1000 * s.time_rollback / s.target_passes)
     return row
 
 
@@ -194,16 +196,19 @@ def main() -> None:
                 lines.append(f"- llama.cpp command (first prompt): `{runs[0]['cmd']}`")
         plain = next(r for r in rows if r.mode == "plain")
         lines += [f"## temperature {temperature}", "",
-                  "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step | "
+                  "rollback per step |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             tpp = f"{r.tokens / r.passes:.2f}" if r.passes else "-"
             ovh = f"{100 * sum(r.overhead) / len(r.overhead):.1f}%" if r.overhead else "-"
             step = f"{sum(r.step_overhead_ms) / len(r.step_overhead_ms):.2f} ms" if r.step_overhead_ms else "-"
+            rollback = f"{sum(r.rollback_ms) / len(r.rollback_ms):.3f} ms" if r.rollback_ms else "-"
             lines.append(f"| {r.mode} | {r.tps:.2f} | {r.tps / plain.tps:.2f}x | {r.drafted} | "
-                         f"{100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} |")
+                         f"{100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} | {rollback} |")
             results.append({"temperature": temperature, "mode": r.mode, "tok_s": r.tps, "vs_plain": r.tps / plain.tps,
-                            "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance})
+                            "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance,
+                            "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None})
         lines.append("")
     report = "\n".join(lines)
     print(report)

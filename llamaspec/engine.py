@@ -184,7 +184,6 @@ class Pair:
             # each cache drops anything past what it has recorded, and the target holds exactly the history.
             self.target_ctx.resync()
             self.target_ctx.keep(len(self._history))
-            self.target_ctx.checkpoint(turn=True)  # the end of a turn: the next prompt may extend it
             for ctx in self.drafter.contexts if self.drafter is not None else ():
                 ctx.resync()
             stats.time_total = time.perf_counter() - t_start
@@ -214,7 +213,9 @@ class Pair:
         cached = ctx.n_in_memory  # a checkpoint restore may leave part of the common prefix to decode again
         if common < len(history):
             ctx.eval(history[common:], logits="none")
-        ctx.checkpoint(turn=True)  # a turn boundary: a later prompt that extends this one restarts here
+        # a turn boundary: a later prompt that leaves this one's answer (a chat template that re-renders it, a
+        # regenerated answer) restarts here. A prompt that extends the whole history needs no checkpoint at all.
+        ctx.checkpoint(turn=True)
         self._history = list(history)
         if self.drafter is not None:  # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)

@@ -15,9 +15,6 @@ from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llam
                      nextn_functions)
 from .rollback import NoRollback, Rollback, choose_rollback
 
-# A replay longer than this (after restoring a turn checkpoint) is decoded at once, on its own.
-REPLAY_MERGE_MAX = 32
-
 
 class Context:
     """One sequence's KV cache over a model, with explicit positions.
@@ -84,7 +81,7 @@ class Context:
 
         self.tokens: list[int] = []
         self.n_pending = 0          # the last n_pending recorded tokens are not in the memory: replayed next eval
-        self._merged_replay = False  # the last decode carried a replay in front of its own tokens
+        self._merged_from = -1      # where the last decode started when it carried a replay in front (else -1)
         self._prefix = 0            # replayed tokens in front of the last decode's own (output rows start after)
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.decode_seconds = 0.0   # accumulated time inside llama_decode + logits sync
@@ -224,7 +221,7 @@ class Context:
             else:
                 tokens, prefix = np.concatenate([np.asarray(replay, dtype=np.int32), tokens]), len(replay)
                 n = len(tokens)
-        self._merged_replay, self._prefix = prefix > 0, prefix
+        self._merged_from, self._prefix = (self.n_past if prefix else -1), prefix
         ptr = None
         start = 0
         while start < n:
@@ -234,13 +231,11 @@ class Context:
             self._tok[:m] = chunk
             self._pos[:m] = np.arange(self.n_past, self.n_past + m, dtype=np.int32)
             self._out[:m] = 0
-            if logits == "all":
-                self._out[max(prefix - start, 0):m] = 1
-            elif logits == "last" and last_chunk:
-                self._out[m - 1] = 1
+            first_out = max(prefix - start, 0) if logits == "all" else m - 1 if logits == "last" and last_chunk else m
+            self._out[first_out:m] = 1
             if self._before_decode is not None:
                 t_hook = time.perf_counter()
-                self._before_decode(self, m, int(self._out[:m].sum()))
+                self._before_decode(self, m, m - first_out)
                 self.rollback_seconds += time.perf_counter() - t_hook
             self._batch.n_tokens = m
             t0 = time.perf_counter()
@@ -275,7 +270,7 @@ class Context:
         b.pos[0] = len(self.tokens)
         b.logits[0] = 1
         b.n_tokens = 1
-        self._merged_replay = False
+        self._merged_from = -1
         if self._before_decode is not None:
             self._before_decode(self, 1, 1)
         t0 = time.perf_counter()
@@ -291,7 +286,7 @@ class Context:
         return result
 
     def _decode_failed(self, rc: int, m: int):
-        self.resync()  # drop whatever part of the batch llama.cpp may have stored; the cache is as before this call
+        self.resync()  # drop whatever part of the batch llama.cpp may have stored: the cache is as before
         if rc == 1:
             raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
                                        f"(context {self.n_ctx})")
@@ -313,8 +308,8 @@ class Context:
     def keep(self, n: int) -> bool:
         """Keep the first n tokens and drop the rest. False when the memory cannot (then nothing changed).
 
-        After a checkpoint restore the memory holds fewer than n: the rest is replayed with the next eval, or now
-        when the decode being undone already carried a replay (so replays never pile up) or it is long."""
+        After a checkpoint restore the memory holds fewer than n: the rest is replayed with the next eval, or at
+        once when the restore undid a decode that already carried a replay (so replays never pile up)."""
         if n >= self.n_past:
             return True
         if self.n_past - n <= self.n_pending:  # only tokens not yet decoded go
@@ -328,7 +323,7 @@ class Context:
                 return False
             del self.tokens[n:]
             self.n_pending = n - reached
-            if self.n_pending and (self._merged_replay or self.n_pending > REPLAY_MERGE_MAX):
+            if self.n_pending and reached == self._merged_from:
                 self._decode(self._take_replay(), "none")
             return True
         finally:

@@ -32,9 +32,12 @@ The kinds, chosen by `choose_rollback` when a context is made:
 - `NoRollback`: a state that can be neither cut nor saved: speculation is refused, plain decoding works.
 
 Checkpoints use `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`: a hybrid saves only its recurrent part (its attention KV is
-trimmed with seq_rm instead); for a pure recurrent memory partial is all of it. The one step checkpoint stays in
-device memory (`_ON_DEVICE`: a device-side copy, each save replacing the last); turn checkpoints are host copies.
-A checkpoint taken at position q is valid while tokens[:q] are unchanged, so every keep(n) drops those after n.
+trimmed with seq_rm instead); for a pure recurrent memory partial is all of it (lfm2's also carries its sliding-
+window KV). The one step checkpoint stays in device memory (`_ON_DEVICE`: a device-side copy, each save replacing
+the last) where the saved state has a fixed size: llama.cpp aborts the process when an on-device restore finds a
+different layout, so a state that grows with the tokens (or LLAMASPEC_HOST_CHECKPOINTS=1) keeps host copies.
+Turn checkpoints are host copies. A checkpoint taken at position q is valid while tokens[:q] are unchanged, so
+every keep(n) drops those after n.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DecodeError
-from .native import llama_cpp
+from .native import env_flag, llama_cpp
 
 SEQ = 0
 PARTIAL_ONLY = getattr(llama_cpp, "LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY", 1)
@@ -108,18 +111,22 @@ class _Snapshots(Rollback):
 
     speculative = True
 
-    def __init__(self, n_turns: int = DEFAULT_TURN_CHECKPOINTS):
+    def __init__(self, n_turns: int = DEFAULT_TURN_CHECKPOINTS, on_device: bool = False):
         self.n_turns = n_turns
         self._step: _Snapshot | None = None
         self._turns: list[_Snapshot] = []
-        self._device = True  # the step checkpoint stays on the device until a save there fails
+        self._device = on_device  # the step checkpoint stays on the device, until a save there fails
+        self._spare: list[np.ndarray] = []  # host buffers of dropped checkpoints: a fresh one costs page faults
 
     def _save(self, ctx, on_device: bool, reuse: _Snapshot | None = None) -> _Snapshot | None:
         flags = PARTIAL_ONLY | (ON_DEVICE if on_device else 0)
         size = int(llama_cpp.llama_state_seq_get_size_ext(ctx._ptr, SEQ, flags))
         if size <= 0:
             return None
-        buf = reuse.data if reuse is not None and reuse.data.size >= size else np.empty(size, dtype=np.uint8)
+        if reuse is not None and not reuse.on_device:
+            self._spare.append(reuse.data)
+        fit = next((i for i, b in enumerate(self._spare) if b.size >= size), None) if not on_device else None
+        buf = self._spare.pop(fit) if fit is not None else np.empty(size, dtype=np.uint8)
         written = int(llama_cpp.llama_state_seq_get_data_ext(
             ctx._ptr, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, SEQ, flags))
         return _Snapshot(ctx.n_in_memory, buf, written, on_device) if written else None
@@ -163,13 +170,18 @@ class _Snapshots(Rollback):
         # the restored recurrent cell ends at best.pos - 1, so this drops only the attention KV after it
         if not llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, best.pos, -1):
             raise DecodeError("llama.cpp could not trim the attention cache after restoring a checkpoint")
-        self._step = self._step if self._step is not None and self._step.pos <= n else None
-        self._turns = [s for s in self._turns if s.pos <= n]
+        self._forget_after(n)
         return best.pos
 
+    def _forget_after(self, n: int) -> None:
+        """Checkpoints taken after position n are void: the tokens before them changed."""
+        dropped = [s for s in (self._step, *self._turns) if s is not None and s.pos > n]
+        self._spare = (self._spare + [s.data for s in dropped if not s.on_device])[-2:]
+        self._step = self._step if self._step is not None and self._step.pos <= n else None
+        self._turns = [s for s in self._turns if s.pos <= n]
+
     def clear(self) -> None:
-        self._step = None
-        self._turns = []
+        self._forget_after(-1)
 
     def checkpoint_bytes(self) -> int:
         """Host memory the checkpoints take now."""
@@ -195,8 +207,8 @@ class BoundedRollback(_Snapshots):
 
     name = "bounded"
 
-    def __init__(self, n_rs_seq: int, n_turns: int = DEFAULT_TURN_CHECKPOINTS):
-        super().__init__(n_turns)
+    def __init__(self, n_rs_seq: int, n_turns: int = DEFAULT_TURN_CHECKPOINTS, on_device: bool = False):
+        super().__init__(n_turns, on_device)
         self.n_rs_seq = n_rs_seq
         self._undoable = 0
 
@@ -212,8 +224,7 @@ class BoundedRollback(_Snapshots):
         drop = ctx.memory_len() - n
         if 0 < drop <= self._undoable and llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, n, -1):
             self._undoable = 0  # one rollback per decode
-            self._step = self._step if self._step is not None and self._step.pos <= n else None
-            self._turns = [s for s in self._turns if s.pos <= n]
+            self._forget_after(n)
             return n
         reached = super().keep(ctx, n)
         if reached is not None:
@@ -231,17 +242,21 @@ def choose_rollback(ctx, n_turns: int = DEFAULT_TURN_CHECKPOINTS) -> Rollback:
     if not (model.is_recurrent or model.is_hybrid):
         return TailDrop()
     n_rs_seq = int(llama_cpp.llama_n_rs_seq(ctx._ptr)) if hasattr(llama_cpp, "llama_n_rs_seq") else 0
-    if n_rs_seq > 0:
-        return BoundedRollback(n_rs_seq, n_turns)
-    # common_context_can_seq_rm's probe: decode two tokens and try to drop the second
+    # common_context_can_seq_rm's probe: decode two tokens and try to drop the second; and whether the saved
+    # state keeps its size as tokens are added (only then may a checkpoint live in device memory)
+    sizes = []
     try:
-        ctx.eval([max(model.bos, 0)] * 2, logits="none")
+        for _ in range(2):
+            ctx.eval([max(model.bos, 0)], logits="none")
+            sizes.append(int(llama_cpp.llama_state_seq_get_size_ext(ctx._ptr, SEQ, PARTIAL_ONLY)))
     except DecodeError:
         ctx.clear()
         return NoRollback()
-    drops_tail = bool(llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, 1, -1))
-    can_save = int(llama_cpp.llama_state_seq_get_size_ext(ctx._ptr, SEQ, PARTIAL_ONLY)) > 0
+    on_device = sizes[0] == sizes[1] and not env_flag("LLAMASPEC_HOST_CHECKPOINTS")
+    drops_tail = n_rs_seq == 0 and bool(llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, 1, -1))
     ctx.clear()
+    if n_rs_seq > 0:
+        return BoundedRollback(n_rs_seq, n_turns, on_device)
     if drops_tail:
         return TailDrop()
-    return CheckpointRollback(n_turns) if can_save else NoRollback()
+    return CheckpointRollback(n_turns, on_device) if min(sizes) > 0 else NoRollback()
