@@ -163,11 +163,12 @@ def main() -> None:
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
     ks = [int(k) for k in a.k.split(",")]
-    # n_rs_seq: a hybrid target keeps a recurrent-state snapshot per draft token of the longest draft any mode asks
-    # for (auto's default maximum is 12); other archs ignore it
+    # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for
+    names = [m.partition(":")[0] for m in modes]
+    longest = max(ks + [make_policy(name).k_max for name in names if name not in ("plain", "fixed")])
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
-                     drafter=a.drafter, n_rs_seq=max(ks + [12]))
+                     drafter=a.drafter, n_rs_seq=max(longest, 1))
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:

@@ -26,7 +26,7 @@ from llamaspec.engine import Pair
 from llamaspec.errors import UnsupportedModelError
 from llamaspec.gguf.memory import Settings, kv_cache_bytes, model_memory
 from llamaspec.gguf.reader import read_model_info
-from llamaspec.gguf.recurrent import recurrent_state_bytes, rollback_kind
+from llamaspec.gguf.recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_state_bytes, rollback_kind
 from llamaspec.policy import AutoPolicy, FixedPolicy, make_policy
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
@@ -104,6 +104,23 @@ def test_each_memory_kind_gets_its_rollback(pairs, arch, arch_dir):
     assert pair.draft_ctx.rollback.name == ("kv" if KIND[arch] == "kv" else "checkpoint")
     if KIND[arch] == "bounded":
         assert pair.target_ctx.rollback.n_rs_seq == N_RS_SEQ == int(llama_cpp.llama_n_rs_seq(pair.target_ctx._ptr))
+
+
+@pytest.mark.parametrize("arch", sorted(RECURRENT_ARCHS | HYBRID_ARCHS))
+def test_the_header_table_says_what_llama_cpp_does(arch_dir, arch):
+    """check/doctor's arch table (gguf/recurrent.py) against the rollback a loaded context really gets."""
+    try:
+        path = arch_file(arch_dir, arch)
+    except RuntimeError:
+        pytest.skip(f"test-llama-archs cannot write {arch}")
+    options = ModelConfig(n_ctx=256, n_batch=64, n_rs_seq=N_RS_SEQ, no_repack=True)
+    model = Model(path, options)
+    ctx = Context(model, options)
+    try:
+        assert ctx.rollback.name == rollback_kind(read_model_info(path))
+    finally:
+        ctx.close()
+        model.close()
 
 
 def test_snapshots_are_clamped_to_the_batch_instead_of_aborting(arch_dir):

@@ -144,7 +144,7 @@ class _Snapshots(Rollback):
         if not turn:
             self._save_step(ctx)
             return
-        if any(s.pos == ctx.n_in_memory for s in self._turns):
+        if self.n_turns == 0 or any(s.pos == ctx.n_in_memory for s in self._turns):
             return
         reuse = self._turns.pop(0) if len(self._turns) >= self.n_turns else None
         snap = self._save(ctx, False, reuse)
@@ -182,10 +182,6 @@ class _Snapshots(Rollback):
 
     def clear(self) -> None:
         self._forget_after(-1)
-
-    def checkpoint_bytes(self) -> int:
-        """Host memory the checkpoints take now."""
-        return sum(s.data.nbytes for s in (self._step, *self._turns) if s is not None and not s.on_device)
 
 
 class CheckpointRollback(_Snapshots):
