@@ -1,8 +1,9 @@
 """Drafting with the target's own multi-token-prediction head (the `mtp` drafter), on tiny random models with an
 MTP block added by mtp_models.py.
 
-glm4moe is attention-only; qwen35 and qwen35moe are hybrids (their speculation needs bounded rollback of the
-recurrent state, and is skipped with that reason where this llamaspec refuses hybrid targets). Two heads per arch:
+glm4moe is attention-only; qwen35 and qwen35moe are hybrids with bounded rollback of the recurrent state, qwen3next
+one that rolls back through checkpoints (speculation on them is skipped with that reason where this llamaspec
+refuses hybrid targets); qwen3next's MTP graph keeps its state for output rows only (read masked). Two heads per arch:
 "agree" (predicts what a context-free trunk would; with a little context mixed into the trunk it agrees often but
 not always, so drafts are accepted and rejected) and "random" (its attention matters, so a wrong cache entry
 shows in its logits).
@@ -24,10 +25,10 @@ from llamaspec.errors import InvalidParameterError, UnsupportedModelError
 from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
-ARCHS = ["glm4moe", "qwen35", "qwen35moe"]
+ARCHS = ["glm4moe", "qwen35", "qwen35moe", "qwen3next"]
 # trunk_mix giving the agreeing head an agreement of about 50-90 % (measured per arch: the trunks' activation
 # scales differ by orders of magnitude)
-AGREE_MIX = {"glm4moe": 1e-4, "qwen35": 0.1, "qwen35moe": 1e-3}
+AGREE_MIX = {"glm4moe": 1e-4, "qwen35": 0.1, "qwen35moe": 1e-3, "qwen3next": 1e-3}
 SETTINGS = dict(no_repack=True, n_ctx=256, n_batch=16, n_threads=2)
 PROMPT = [5, 17, 99, 3, 42, 8, 77, 21, 64, 2, 90, 33, 11, 120, 7, 58, 19, 101, 4, 66, 29, 13]   # > n_batch: chunked
 
@@ -49,9 +50,16 @@ def mtp_pair(path, drafter="mtp", k=3, p_min=0.0, **kwargs):
     return pair
 
 
+_PLAIN: dict = {}
+
+
 def plain_tokens(path, prompt, n):
-    with load_pair(str(path), **SETTINGS) as pair:
-        return pair.generate(prompt, max_tokens=n).tokens
+    """Plain decoding's tokens (computed once per file, prompt and length)."""
+    key = (str(path), tuple(prompt), n)
+    if key not in _PLAIN:
+        with load_pair(str(path), **SETTINGS) as pair:
+            _PLAIN[key] = pair.generate(prompt, max_tokens=n).tokens
+    return _PLAIN[key]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -303,3 +311,21 @@ def test_server_drafts_with_the_head_and_says_so(model_dir, tmp_path):
 def plain_text(path, prompt, n):
     with load_pair(str(path), **SETTINGS) as pair:
         return pair.generate(prompt, max_tokens=n).text
+
+
+def test_spec_type_names_map_onto_drafter_kinds():
+    import click
+
+    from llamaspec.cli.options import chosen_drafter, spec_type_drafter
+
+    assert [spec_type_drafter(v) for v in ("draft-mtp", "draft-simple", "ngram-simple", "none")] == \
+        ["mtp", "model", "lookup", None]
+    assert spec_type_drafter("draft-mtp,ngram-simple") == spec_type_drafter("ngram-simple,draft-mtp") == "lookup+mtp"
+    assert spec_type_drafter("ngram-simple,draft-simple") == "lookup+model"
+    for bad, says in (("draft-eagle3", "does not have"), ("draft-mtp,draft-simple", "one drafter"), ("x", "choose")):
+        with pytest.raises(click.BadParameter, match=says):
+            spec_type_drafter(bad)
+    assert chosen_drafter({"spec_type": "none"}) == (None, True)
+    assert chosen_drafter({"drafter_kind": "mtp", "spec_type": "draft-mtp"}) == ("mtp", False)
+    with pytest.raises(click.UsageError, match="disagree"):
+        chosen_drafter({"drafter": "lookup", "spec_type": "draft-mtp"})

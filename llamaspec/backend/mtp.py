@@ -5,8 +5,9 @@ Each entry of its batches is a token *and* a hidden state: at position p the hea
 h_{p-1} (the target's final hidden state at p-1 when it follows the target, its own output when it drafts ahead)
 and predicts x_{p+1}. The legacy llama_batch carries both (token ids and `embd` rows; llama.cpp's batch conversion
 keeps the two for such batches), so a batch's hidden states go in as one numpy copy rather than one llama_batch_ext
-call per entry. The head's own output rows are read unmasked (row i = batch entry i): llama.cpp's masked mode
-returns the batch's first row for a batch whose only output is its last entry.
+call per entry. The head's own output state is read per arch (MTP_OUTPUT_ROWS_ARCHS): most MTP graphs keep a row
+per batch entry (read unmasked: llama.cpp's masked read would return the first entry's row), a few only the output
+rows (read masked).
 
 This module knows what an MTP context needs from llama.cpp, not when to decode what (drafters/mtp.py does).
 """
@@ -28,6 +29,10 @@ from .rollback import TailDrop
 # MTP context would run the trunk's graph over the head's cache, and llama.cpp aborts
 MTP_GRAPH_ARCHS = frozenset({"qwen35", "qwen35moe", "qwen3next", "glm4moe", "glm-dsa", "deepseek2", "deepseek32",
                              "deepseek4", "bailingmoe3", "cohere2moe", "nemotron_h_moe", "hy_v3", "mimo2", "step35"})
+# archs whose MTP graph keeps its output state for the output rows only: their rows must be read masked (unmasked,
+# llama.cpp reads a row per batch entry past the tensor's end and aborts); the others keep every entry's row, and
+# masked reading would hand back the first entry's
+MTP_OUTPUT_ROWS_ARCHS = frozenset({"qwen3next", "deepseek4", "mimo2", "step35"})
 
 
 def mtp_unsupported(model) -> str | None:
@@ -92,7 +97,9 @@ class MTPContext(Context):
             logits=self._pair_out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)))
         self._logits_ptr = None
         self._last_n = 0                # entries of the last decode
-        self.enable_hidden_rows()       # the head's own output rows, to chain drafts
+        self._state_views: dict[int, np.ndarray] = {}
+        masked = model.info.arch in MTP_OUTPUT_ROWS_ARCHS
+        nextn_functions()[0].llama_set_embeddings_nextn(self._ptr, True, masked)   # its own state, to chain drafts
         target_ctx.enable_hidden_rows()  # the target's rows, to follow it
 
     def _configure(self, params) -> None:
@@ -156,7 +163,16 @@ class MTPContext(Context):
     def last_hidden(self) -> np.ndarray:
         """The head's output hidden state for the last decode's last entry (what it reads in place of the target's
         hidden state when it drafts the next token); a view, valid until the next decode."""
-        return self.hidden_rows(self._last_n)[self._last_n - 1]
+        ptr = nextn_functions()[0].llama_get_embeddings_nextn_ith(self._ptr, self._last_n - 1)
+        if not ptr:
+            raise DecodeError("llama.cpp returned no output state for the MTP head's last entry")
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._state_views.get(address)
+        if view is None:
+            if len(self._state_views) > 64:
+                self._state_views.clear()
+            view = self._state_views[address] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        return view
 
     def restart_at(self, position: int) -> None:
         """Empty the cache and continue at `position`; the positions before it are unknown to the head."""

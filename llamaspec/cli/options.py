@@ -235,6 +235,8 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     drafter, plain = chosen_drafter(opts)
+    if drafter in ("model", "lookup+model") and not draft and opts.get("spec_type") and not opts.get("no_draft"):
+        raise click.UsageError(f"--spec-type {opts['spec_type']} needs a draft model: add -md DRAFT.gguf")
     if opts.get("no_draft") or plain:
         draft = None
         defaults = {k: v for k, v in defaults.items() if k != "drafter"}   # plain decoding: nothing drafts

@@ -59,9 +59,15 @@ class MTPDrafter(Drafter):
             self._catch_up(self.target.tokens, first_position + n)
 
     def _remember(self, rows: np.ndarray, first_position: int) -> None:
-        slots = (first_position + np.arange(len(rows))) % len(self._ring)
-        self._ring[slots] = rows
-        self._ring_pos[slots] = first_position + np.arange(len(rows))
+        n, size = len(rows), len(self._ring)
+        start = first_position % size
+        if start + n <= size:                   # the usual case: one slice, no index arrays
+            self._ring[start:start + n] = rows
+            self._ring_pos[start:start + n] = np.arange(first_position, first_position + n)
+        else:
+            slots = (first_position + np.arange(n)) % size
+            self._ring[slots] = rows
+            self._ring_pos[slots] = first_position + np.arange(n)
 
     def _states(self, positions: np.ndarray) -> np.ndarray | None:
         """The target's hidden states at `positions` (zeros for position -1), or None when the ring lost one."""
