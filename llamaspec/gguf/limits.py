@@ -83,6 +83,10 @@ EXPERT_GATING_FUNCS = range(5)  # llama_expert_gating_func_type: none, softmax, 
 # A rotary dimension of 0 hangs or aborts ggml's rope in most architectures; these rotate nothing by design.
 NO_ROPE_ARCHS = frozenset({"glm5-next"})
 _NO_VOCAB_MODELS = ("none", "no_vocab")  # llama.cpp loads these, then aborts on the first tokenization
+# Loaders that call a tensor optional which the shared Mamba-2 graph (src/models/mamba-base.cpp) then adds
+# unconditionally: without it the first decode dereferences a null tensor.
+_USED_IF_PRESENT = {arch: (("ssm_conv1d.weight", "ssm_conv1d.bias"),)
+                    for arch in ("falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe")}
 
 
 def header_problem(info, types: Mapping[str, T], elem_types: Mapping[str, T]) -> str | None:
@@ -90,7 +94,7 @@ def header_problem(info, types: Mapping[str, T], elem_types: Mapping[str, T]) ->
     phrase naming the key; None when the header is sane. `types` / `elem_types`: each key's GGUF value type and,
     for arrays, element type."""
     for check in (_value_types, _layers, _experts, _rope_scaling, _arch_asserts, _head_sizes, _attention_shapes,
-                  _norm_epsilons, _tokens, _embedding_shape, _tensor_types):
+                  _norm_epsilons, _tokens, _embedding_shape, _tensor_types, _tensor_pairs):
         problem = check(info, types, elem_types)
         if problem is not None:
             return problem
@@ -347,16 +351,16 @@ def _tokens(info, types, elem_types) -> str | None:
 
 
 def _embedding_shape(info, types, elem_types) -> str | None:
-    """create_tensor(token_embd.weight, {n_embd, n_vocab}) in nearly every architecture's load_arch_tensors."""
+    """create_tensor(token_embd.weight, {n_embd, n_vocab}) in nearly every architecture's load_arch_tensors (a
+    clearer message than llama.cpp's; llama.cpp refuses a mismatch itself)."""
     embd = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
-    if embd is None or info.arch in _OWN_EMBEDDING_ARCHS:
-        return None
     n_embd = _int(info, "embedding_length")
-    want = (n_embd if n_embd is not None else embd.shape[0], len(info.tokens) if info.tokens else None)
-    got = tuple(embd.shape) + (None,) * (2 - len(embd.shape))
-    if len(embd.shape) != 2 or got[0] != want[0] or (want[1] is not None and got[1] != want[1]):
+    if embd is None or len(embd.shape) != 2 or n_embd is None or info.arch in _OWN_EMBEDDING_ARCHS:
+        return None
+    n_vocab = len(info.tokens) or embd.shape[1]
+    if tuple(embd.shape) != (n_embd, n_vocab):
         return (f"token_embd.weight has shape {list(embd.shape)}, but {info.arch}.embedding_length and the "
-                f"vocabulary say [{want[0]}, {want[1] if want[1] is not None else 'n_vocab'}]")
+                f"vocabulary say [{n_embd}, {n_vocab}]")
     return None
 
 
@@ -370,6 +374,15 @@ def _tensor_types(info, types, elem_types) -> str | None:
             return f"tensor {t.name!r} {list(t.shape)} is {t.type_name}; norms, biases and other vectors must be F32"
         if t.ggml_type in _NOT_WEIGHT_TYPES:
             return f"tensor {t.name!r} is {_NOT_WEIGHT_TYPES[t.ggml_type]}, which is no weight type"
+    return None
+
+
+def _tensor_pairs(info, types, elem_types) -> str | None:
+    names = {t.name for t in info.tensors}
+    for present, needed in _USED_IF_PRESENT.get(info.arch, ()):
+        for name in sorted(names):
+            if name.endswith("." + present) and name[:-len(present)] + needed not in names:
+                return f"tensor {name} comes without {name[:-len(present)] + needed}, which {info.arch} needs with it"
     return None
 
 
