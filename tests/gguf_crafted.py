@@ -348,7 +348,19 @@ CORPUS = {
     "rope_dimension_odd_large": _with(llama__rope__dimension_count=(UINT32, 17)),
     "key_length_differs_from_value_length": _with(llama__attention__key_length=(UINT32, 8)),
     "value_length_wrong": _with(llama__attention__value_length=(UINT32, 8)),
+    "norm_not_f32": _set_tensor("output_norm.weight", ggml_type=1),  # F16: ggml's CPU add/mul abort on it
+    "matrix_f64": _set_tensor("blk.0.ffn_down.weight", ggml_type=28),
+    "rms_epsilon_negative": _with(llama__attention__layer_norm_rms_epsilon=(FLOAT32, -1.0)),
+    "rms_epsilon_nan": _with(llama__attention__layer_norm_rms_epsilon=(FLOAT32, float("nan"))),
+    "rope_dimension_zero": _with(llama__rope__dimension_count=(UINT32, 0)),
+    "rope_sections_past_head": _with(llama__rope__dimension_sections=(ARRAY, (INT32, [16, 8, 8, 0]))),
+    "expert_gating_unknown": _with(llama__expert_gating_func=(UINT32, 9)),
+    "kv_heads_over_query_heads": _with(llama__attention__head_count_kv=(UINT32, 4)),
+    "query_heads_do_not_fit_projection": _with(llama__attention__head_count=(UINT32, 4),
+                                               llama__attention__key_length=(UINT32, 16),
+                                               llama__attention__value_length=(UINT32, 16)),
     # tokenizer
+    "tokenizer_none": _with(tokenizer__ggml__model=(STRING, "none")),
     "tokens_duplicate": _edit(lambda im: im.find("tokenizer.ggml.tokens").value[1].__setitem__(2, "tok_0")),
     "tokens_not_strings": _with(tokenizer__ggml__tokens=(ARRAY, (INT32, list(range(32))))),
     "tokens_empty": _with(tokenizer__ggml__tokens=(ARRAY, (STRING, []))),
@@ -503,7 +515,8 @@ def _mutate_tensor(m: Mutant, rnd) -> None:
         i = rnd.randrange(len(t.shape))
         t.shape[i] = max(_edge_int(rnd, t.shape[i], UINT64), 0)
     elif how == "dims":
-        t.shape = t.shape[:rnd.randrange(len(t.shape) + 1)] if rnd.random() < 0.5 else t.shape + [1] * rnd.choice((1, 3))
+        cut = t.shape[:rnd.randrange(len(t.shape) + 1)]
+        t.shape = cut if rnd.random() < 0.5 else t.shape + [1] * rnd.choice((1, 3))
     elif how == "type":
         t.ggml_type = rnd.choice(list(_KNOWN_TYPES) + [4, 5, 31, 42, 43, 1000])
     elif how == "remove":

@@ -2,9 +2,9 @@
 when a newer llama.cpp changes them.
 
 From src/models/*.cpp: the graph builders whose top level asserts `n_embd_head == hparams.n_embd_head_k()` (or
-`_v()`: key and value heads of one size) or `n_embd_head == n_rot` (the rotary dimension is the whole head), and the
-loaders that make the query projection `{n_embd, n_embd}`; src/llama-model.cpp maps each architecture to its class
-and src/llama-arch.cpp gives its name. `python tests/llama_asserts.py [SRC]` prints the lists.
+`_v()`: key and value heads of one size; lfm2's loader asserts the same of its attention blocks) or
+`n_embd_head == n_rot` (the rotary dimension is the whole head), and the loaders that make the query projection
+`{n_embd, n_embd}`; src/llama-model.cpp maps each architecture to its class and src/llama-arch.cpp gives its name. `python tests/llama_asserts.py [SRC]` prints the lists.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def graph_asserts(src: Path) -> tuple[frozenset, frozenset, frozenset]:
     model = (src / "llama-model.cpp").read_text()
     classes = dict(re.findall(r"case (LLM_ARCH_[A-Z0-9_]+):\s*return new (llama_model_[a-z0-9_]+)\(", model))
     graph: dict[str, list[set]] = {}
-    query_n_embd = set()
+    query_n_embd, kv_equal_in_loader = set(), set()
     for path in (src / "models").glob("*.cpp"):
         text = path.read_text()
         for m in re.finditer(r"(llama_model_[a-z0-9_]+)::graph(?:<[^>]*>)?::graph\([^)]*\)[^{]*\{", text):
@@ -67,12 +67,14 @@ def graph_asserts(src: Path) -> tuple[frozenset, frozenset, frozenset]:
             if re.search(r'create_tensor_qkv\(layer, i, n_embd, n_embd,|LLM_TENSOR_ATTN_Q, *"weight", i\), *\{n_embd, '
                          r"n_embd\}", body):
                 query_n_embd.add(m.group(1))
+            if "GGML_ASSERT(n_embd_v_gqa == n_embd_k_gqa)" in body:
+                kv_equal_in_loader.add(m.group(1))
     k_eq_v, rot, query = set(), set(), set()
     for arch, cls in classes.items():
         if arch not in names:
             continue
         asserted = set.intersection(*graph[cls]) if graph.get(cls) else set()  # by every graph the class builds
-        if "k==v" in asserted:
+        if "k==v" in asserted or cls in kv_equal_in_loader:
             k_eq_v.add(names[arch])
         if "rot" in asserted:
             rot.add(names[arch])

@@ -301,3 +301,37 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     return load_pair(target, draft, config=config)
+
+
+def not_utf8(text: str) -> str | None:
+    """Where `text` stops being UTF-8 ("byte 0xff at offset 3"), or None. Python hands over argv bytes (and
+    stdin bytes under a C locale) that are not UTF-8 as lone surrogates U+DC80..U+DCFF, which nothing downstream
+    can encode."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        offset = len(text[:e.start].encode("utf-8"))
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+            return f"byte 0x{code - 0xDC00:02x} at offset {offset}"
+        return f"a lone surrogate U+{code:04X} at offset {offset}"
+
+
+def utf8_argument(text: str | None, name: str) -> str | None:
+    """`text` unchanged, or a usage error naming the first byte that is not UTF-8."""
+    problem = not_utf8(text) if text is not None else None
+    if problem is not None:
+        raise click.BadParameter(f"not valid UTF-8: {problem}", param_hint=name)
+    return text
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """Input text is UTF-8; anything else is an error naming the first bad byte (never silently replaced)."""
+    from ..bench.prompts import PromptFileError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{source} not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+                              "(convert it first, e.g. with iconv)") from None

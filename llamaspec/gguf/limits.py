@@ -33,29 +33,35 @@ _NO_HPARAMS_ARCHS = ("clip",)
 # Whose token embedding is not {embedding_length, n_vocab} (src/models/*.cpp).
 _OWN_EMBEDDING_ARCHS = ("eagle3", "dflash", "falcon-h1", "wavtokenizer-dec")
 _F32 = 0
+# Besides 1-D tensors: what element-wise and state-space ops take as F32 only (the converters keep them F32).
+_F32_SUFFIXES = ("norm.weight", ".bias", ".ssm_a", ".ssm_d")
 _NOT_WEIGHT_TYPES = {9: "Q8_1", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}  # work types
 
 # What the graph builders of src/models/*.cpp assert at their top (tests/llama_asserts.py derives these lists from
 # a llama.cpp source tree, and a test keeps them in step): the key and value head sizes are equal; the rotary
 # dimension is the head size; the query projection is {n_embd, n_embd}, so the heads must tile n_embd exactly.
 HEAD_K_EQ_V_ARCHS = frozenset("""
-afmoe apertus arcee arctic baichuan bailingmoe2 bert bitnet bloom chameleon chatglm codeshell cogvlm cohere2 cohere2moe
-command-r dbrx deci deepseek dots1 dream ernie4_5 ernie4_5-moe eurobert exaone exaone-moe exaone4 falcon glm4 glm4moe
-gpt2 gptneox granite granite_swa granitehybrid graniteswitch grok grovemoe hunyuan-moe hunyuan_vl hy_v3 internlm2 jais
-jais2 laguna llada llada-moe llama llama4 maincoder maple mellum minimax-01 minimax-m2 minimax-m3 mistral3 modern-bert mpt
-muse-glimmer nanbeige nemotron nemotron_h neo-bert olmo olmo2 olmoe openelm orion paddleocr pangu-embedded phi2 phi3
-plamo pockettts qwen qwen2 qwen2moe qwen2vl qwen3 qwen35 qwen35moe qwen3moe qwen3vl qwen3vlmoe refact rnd1 seed_oss
-smallthinker smollm3 spark2_5 stablelm starcoder starcoder2 t5 talkie xverse""".split())
+afmoe apertus arcee arctic baichuan bailingmoe2 bert bitnet bloom chameleon chatglm codeshell cogvlm
+cohere2 cohere2moe command-r dbrx deci deepseek dots1 dream ernie4_5 ernie4_5-moe eurobert exaone
+exaone-moe exaone4 falcon glm4 glm4moe gpt2 gptneox granite granite_swa granitehybrid graniteswitch
+grok grovemoe hunyuan-moe hunyuan_vl hy_v3 internlm2 jais jais2 laguna lfm2 lfm2moe llada llada-moe
+llama llama4 maincoder maple mellum minimax-01 minimax-m2 minimax-m3 mistral3 modern-bert mpt
+muse-glimmer nanbeige nemotron nemotron_h neo-bert olmo olmo2 olmoe openelm orion paddleocr
+pangu-embedded phi2 phi3 plamo pockettts qwen qwen2 qwen2moe qwen2vl qwen3 qwen35 qwen35moe qwen3moe
+qwen3vl qwen3vlmoe refact rnd1 seed_oss smallthinker smollm3 spark2_5 stablelm starcoder starcoder2
+t5 talkie xverse""".split())
 HEAD_IS_ROT_ARCHS = frozenset("""
-apertus arcee arctic baichuan chameleon codeshell cogvlm cohere2moe dbrx deci deepseek dots1 dream ernie4_5
-ernie4_5-moe exaone exaone-moe exaone4 falcon granite granite_swa graniteswitch grok grovemoe hunyuan-moe hunyuan_vl hy_v3
-internlm2 jais2 llada llada-moe llama llama4 maincoder mellum minimax-01 minimax-m2 mistral3 nemotron olmo olmo2 olmoe
-orion paddleocr pangu-embedded plamo pockettts qwen2 qwen2moe qwen2vl qwen3 qwen3moe qwen3vl qwen3vlmoe rnd1 seed_oss
-smallthinker smollm3 starcoder2 talkie xverse""".split())
+apertus arcee arctic baichuan chameleon codeshell cogvlm cohere2moe dbrx deci deepseek dots1 dream
+ernie4_5 ernie4_5-moe exaone exaone-moe exaone4 falcon granite granite_swa graniteswitch grok
+grovemoe hunyuan-moe hunyuan_vl hy_v3 internlm2 jais2 llada llada-moe llama llama4 maincoder mellum
+minimax-01 minimax-m2 mistral3 nemotron olmo olmo2 olmoe orion paddleocr pangu-embedded plamo
+pockettts qwen2 qwen2moe qwen2vl qwen3 qwen3moe qwen3vl qwen3vlmoe rnd1 seed_oss smallthinker
+smollm3 starcoder2 talkie xverse""".split())
 QUERY_IS_N_EMBD_ARCHS = frozenset("""
-arctic baichuan bert bitnet chameleon codeshell cohere2 command-r deepseek deepseek2-ocr dream eurobert grok internlm2
-jamba jina-bert-v2 jina-bert-v3 lfm2 lfm2moe llada-moe nemotron nomic-bert nomic-bert-moe olmo olmo2 olmoe orion phi2
-phi3 phimoe plamo pockettts qwen2 qwen2moe qwen2vl stablelm starcoder2 xverse""".split())
+arctic baichuan bert bitnet chameleon codeshell cohere2 command-r deepseek deepseek2-ocr dream
+eurobert grok internlm2 jamba jina-bert-v2 jina-bert-v3 lfm2 lfm2moe llada-moe nemotron nomic-bert
+nomic-bert-moe olmo olmo2 olmoe orion phi2 phi3 phimoe plamo pockettts qwen2 qwen2moe qwen2vl
+stablelm starcoder2 xverse""".split())
 # Asserts of one architecture's hyperparameters or graph: (arch, key suffix, test(value, info), what it must be).
 _ARCH_ASSERTS = (
     ("hrm_text", "hrm.layers_per_stack", lambda v, info: v > 0, "positive"),
@@ -65,11 +71,22 @@ _ARCH_ASSERTS = (
     ("nanbeige", "num_loops", lambda v, info: v >= 1, "at least 1"),
     ("bailingmoe3", "kda.safe_gate", lambda v, info: v is True, "true"),
     ("bailingmoe3", "kda.gate_lower_bound", lambda v, info: v < 0, "negative"),
-    ("hrm_text", "block_count", lambda v, info: v == _hrm_slots(info), "hrm.layers_per_stack x h_cycles x (l_cycles + 1)"),
+    ("hrm_text", "block_count", lambda v, info: v == _hrm_slots(info),
+     "hrm.layers_per_stack x h_cycles x (l_cycles + 1)"),
     ("jamba", "ssm.inner_size", lambda v, info: v == 2 * info.n_embd, "twice the embedding length"),
+    ("granitehybrid", "ssm.inner_size", lambda v, info: v == 2 * info.n_embd, "twice the embedding length"),
+    # gated delta nets: the loader sizes the value heads by state_size x time_step_rank, the graph by inner_size
+    *((arch, "ssm.inner_size", lambda v, info: v == _product(info, "ssm.state_size", "ssm.time_step_rank"),
+       "ssm.state_size x ssm.time_step_rank") for arch in ("qwen35", "qwen35moe", "qwen3next")),
 )
 EXPERT_GATING_FUNCS = range(5)  # llama_expert_gating_func_type: none, softmax, sigmoid, softmax_weight, sqrt_softplus
+# A rotary dimension of 0 hangs or aborts ggml's rope in most architectures; these rotate nothing by design.
+NO_ROPE_ARCHS = frozenset({"glm5-next"})
 _NO_VOCAB_MODELS = ("none", "no_vocab")  # llama.cpp loads these, then aborts on the first tokenization
+# Loaders that call a tensor optional which the shared Mamba-2 graph (src/models/mamba-base.cpp) then adds
+# unconditionally: without it the first decode dereferences a null tensor.
+_USED_IF_PRESENT = {arch: (("ssm_conv1d.weight", "ssm_conv1d.bias"),)
+                    for arch in ("falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe")}
 
 
 def header_problem(info, types: Mapping[str, T], elem_types: Mapping[str, T]) -> str | None:
@@ -77,7 +94,7 @@ def header_problem(info, types: Mapping[str, T], elem_types: Mapping[str, T]) ->
     phrase naming the key; None when the header is sane. `types` / `elem_types`: each key's GGUF value type and,
     for arrays, element type."""
     for check in (_value_types, _layers, _experts, _rope_scaling, _arch_asserts, _head_sizes, _attention_shapes,
-                  _norm_epsilons, _tokens, _embedding_shape, _tensor_types):
+                  _norm_epsilons, _tokens, _embedding_shape, _tensor_types, _tensor_pairs):
         problem = check(info, types, elem_types)
         if problem is not None:
             return problem
@@ -184,6 +201,11 @@ def _arch_asserts(info, types, elem_types) -> str | None:
     return None
 
 
+def _product(info, *suffixes: str) -> int | None:
+    values = [_int(info, s) for s in suffixes]
+    return None if None in values else math.prod(values)
+
+
 def _hrm_slots(info) -> int | None:
     parts = [_int(info, f"hrm.{k}") for k in ("layers_per_stack", "h_cycles", "l_cycles")]
     return None if None in parts else parts[0] * parts[1] * (parts[2] + 1)
@@ -202,9 +224,14 @@ def _head_sizes(info, types, elem_types) -> str | None:
     n_head, n_embd, head_k, head_v, n_rot = heads
     for suffix, head in (("", head_k), ("_swa", _int(info, "attention.key_length_swa") or head_k)):
         rot = _int(info, f"rope.dimension_count{suffix}")
-        if rot is not None and (rot % 2 or rot > head):
-            return f"{a}.rope.dimension_count{suffix} is {rot}; it must be even and at most the head size {head}"
+        if rot is not None and (rot % 2 or rot > head or (rot == 0 and a not in NO_ROPE_ARCHS)):
+            return (f"{a}.rope.dimension_count{suffix} is {rot}; it must be even, above 0 and at most the head size "
+                    f"{head}")
+    scale = info.arch_get("attention.temperature_scale")
+    if a == "deepseek2" and isinstance(scale, float) and scale != 0 and not _int(info, "attention.temperature_length"):
+        return f"{a}.attention.temperature_scale is {scale} without a temperature_length (its graph asserts both)"
     sections = info.arch_get("rope.dimension_sections")
+    sections = [sections] * 4 if isinstance(sections, int) else sections  # get_key_or_arr(..., 4): one or four
     if isinstance(sections, list) and all(isinstance(v, int) for v in sections) and sum(sections) > head_k:
         return f"{a}.rope.dimension_sections {sections} add up to more than the head size {head_k}"
     swa = (_int(info, "attention.key_length_swa") or head_k, _int(info, "attention.value_length_swa") or head_v)
@@ -218,13 +245,33 @@ def _head_sizes(info, types, elem_types) -> str | None:
     return None
 
 
+def _latent_attention(info) -> str | None:
+    """Latent attention (MLA) as the converters write it: the cache holds one head of kv_lora_rank values plus the
+    rotary part, and the decompressed query head (key_length_mla) must be longer than its rotary part (deepseek2's
+    loader asserts n_embd_head_qk_nope >= 1)."""
+    a, heads = info.arch, _heads(info)
+    rank, k_mla = _int(info, "attention.kv_lora_rank") or 0, _int(info, "attention.key_length_mla") or 0
+    if heads is None or rank <= 0:
+        return None
+    _, _, head_k, head_v, n_rot = heads
+    if a in ("deepseek2", "hy_v4") and (k_mla or head_k) <= n_rot:
+        return f"{a}: the query head ({k_mla or head_k}) must be longer than its rotary part ({n_rot})"
+    if k_mla and (head_k != rank + n_rot or head_v != rank):
+        return (f"{a}: latent attention needs key_length = kv_lora_rank + rope.dimension_count and value_length "
+                f"= kv_lora_rank; the header gives {head_k} and {head_v} for rank {rank} and {n_rot} rotary")
+    return None
+
+
 def _attention_shapes(info, types, elem_types) -> str | None:
     """The attention projections of each block against the head counts and sizes: K and V project to
     n_head_kv heads, Q to n_head (twice that where a gate rides along), the output from n_head value heads, a fused
     QKV to all three. llama.cpp checks most of these shapes, but not where a loader assumes n_embd (the graph's
     reshape then aborts). Latent attention (MLA) projects differently and is left to llama.cpp."""
     heads = _heads(info)
-    if heads is None or (_int(info, "attention.kv_lora_rank") or 0) > 0 or (_int(info, "attention.key_length_mla") or 0) > 0:
+    latent = (_int(info, "attention.kv_lora_rank") or 0) > 0 or (_int(info, "attention.key_length_mla") or 0) > 0
+    if latent:
+        return _latent_attention(info)
+    if heads is None:
         return None
     _, _, head_k, head_v, _ = heads
     n_layer = _int(info, "block_count") or 0
@@ -235,6 +282,8 @@ def _attention_shapes(info, types, elem_types) -> str | None:
     # also where they reuse the attention names (qwen35's linear-attention attn_qkv)
     recurrent = {t.name.split(".")[1] for t in info.tensors if t.name.startswith("blk.") and ".ssm_" in t.name}
     for il, (n_q, n_kv) in enumerate(zip(q_heads, kv_heads)):
+        if n_kv > n_q:
+            return f"block {il} has {n_kv} key/value heads for {n_q} query heads"
         if n_q <= 0 or str(il) in recurrent:
             continue  # a recurrent block of a hybrid
         want = {"attn_k": (1, (head_k * n_kv,)), "attn_v": (1, (head_v * n_kv,)),
@@ -305,27 +354,38 @@ def _tokens(info, types, elem_types) -> str | None:
 
 
 def _embedding_shape(info, types, elem_types) -> str | None:
-    """create_tensor(token_embd.weight, {n_embd, n_vocab}) in nearly every architecture's load_arch_tensors."""
+    """create_tensor(token_embd.weight, {n_embd, n_vocab}) in nearly every architecture's load_arch_tensors (a
+    clearer message than llama.cpp's; llama.cpp refuses a mismatch itself)."""
     embd = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
-    if embd is None or info.arch in _OWN_EMBEDDING_ARCHS:
-        return None
     n_embd = _int(info, "embedding_length")
-    want = (n_embd if n_embd is not None else embd.shape[0], len(info.tokens) if info.tokens else None)
-    got = tuple(embd.shape) + (None,) * (2 - len(embd.shape))
-    if len(embd.shape) != 2 or got[0] != want[0] or (want[1] is not None and got[1] != want[1]):
+    if embd is None or len(embd.shape) != 2 or n_embd is None or info.arch in _OWN_EMBEDDING_ARCHS:
+        return None
+    n_vocab = len(info.tokens) or embd.shape[1]
+    if tuple(embd.shape) != (n_embd, n_vocab):
         return (f"token_embd.weight has shape {list(embd.shape)}, but {info.arch}.embedding_length and the "
-                f"vocabulary say [{want[0]}, {want[1] if want[1] is not None else 'n_vocab'}]")
+                f"vocabulary say [{n_embd}, {n_vocab}]")
     return None
 
 
 def _tensor_types(info, types, elem_types) -> str | None:
-    """ggml's CPU element-wise ops take only an F32 vector (binary-ops.cpp aborts otherwise), so norms and biases must
-    be F32, as every converter writes them; F64, integer and work types are no type for a weight matrix."""
+    """ggml's CPU element-wise ops take only an F32 vector (binary-ops.cpp aborts otherwise), and its state-space ops
+    only F32 A, D and convolution tensors, so these must be F32, as every converter writes them; F64, integer and
+    work types are no type for a weight matrix."""
     for t in info.tensors:
-        if t.ggml_type != _F32 and (all(d == 1 for d in t.shape[1:]) or t.name.endswith(("norm.weight", ".bias"))):
+        vector = all(d == 1 for d in t.shape[1:]) or t.name.endswith(_F32_SUFFIXES) or ".ssm_conv1d." in t.name
+        if t.ggml_type != _F32 and vector:
             return f"tensor {t.name!r} {list(t.shape)} is {t.type_name}; norms, biases and other vectors must be F32"
         if t.ggml_type in _NOT_WEIGHT_TYPES:
             return f"tensor {t.name!r} is {_NOT_WEIGHT_TYPES[t.ggml_type]}, which is no weight type"
+    return None
+
+
+def _tensor_pairs(info, types, elem_types) -> str | None:
+    names = {t.name for t in info.tensors}
+    for present, needed in _USED_IF_PRESENT.get(info.arch, ()):
+        for name in sorted(names):
+            if name.endswith("." + present) and name[:-len(present)] + needed not in names:
+                return f"tensor {name} comes without {name[:-len(present)] + needed}, which {info.arch} needs with it"
     return None
 
 
