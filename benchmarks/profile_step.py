@@ -51,7 +51,7 @@ def main() -> None:
         s = c.stats
         steps = max(s.target_passes, 1)
         where = "greedy" if not a.temp else \
-            f"filters {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
+            f"filters {'on the device' if getattr(pair.target_ctx, 'device_sampler', False) else 'in numpy'}"
         print(f"{s.summary()}\nwall {s.time_total:.3f} s, in llama.cpp (decode + sync) {s.time_in_decode:.3f} s, "
               f"Python {100 * s.python_overhead:.1f}% = "
               f"{1000 * (s.time_total - s.time_in_decode - s.time_prefill) / steps:.3f} ms per step over {steps} "
