@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from arch_models import make_arch_model
 from hidden_drafts import bigram_map, make_bigram_target, make_dflash_draft, make_eagle3_draft
-from test_engine_real import CHI2_CRIT_0001, chi_square
+from chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.errors import IncompatiblePairError, InvalidParameterError, UnsupportedModelError

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from arch_models import make_arch_model
 from mtp_models import make_mtp_model
-from test_engine_real import CHI2_CRIT_0001, chi_square
+from chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.backend import Context
