@@ -63,6 +63,7 @@ MAX_STEPS = 1_000_000
 MAX_RENDER_SECONDS = 5.0
 _SIZED = (str, bytes, list, tuple, dict)
 _BIG_NUMBER_TEXT = re.compile(r"\d{7,}")  # a field width or precision in a format string
+_WIDTH_TAKERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "indent", "wordwrap", "tojson"})
 
 
 def _broken(what: str) -> ChatTemplateError:
@@ -113,10 +114,11 @@ def _check_format(text: str) -> None:
 
 
 def _check_call(name: str, receiver, args: tuple, kwargs: dict) -> None:
-    """A call or filter that would build a huge value from small arguments: a width or count past the output
-    limit (center, ljust, indent, ...), a format string with such a width, a replace that multiplies a string."""
-    if any(isinstance(a, int) and abs(a) > MAX_RENDERED_CHARS for a in (*args, *kwargs.values())):
-        raise _broken(f"calls {name} with a number over {MAX_RENDERED_CHARS:,}")
+    """A call or filter that would build a huge value from small arguments: a width past the output limit
+    (center, ljust, indent, ...), a format string with such a width, a replace that multiplies a string."""
+    if name in _WIDTH_TAKERS and any(isinstance(a, int) and abs(a) > MAX_RENDERED_CHARS
+                                     for a in (*args, *kwargs.values())):
+        raise _broken(f"calls {name} with a width over {MAX_RENDERED_CHARS:,}")
     if name in ("format", "format_map") and isinstance(receiver, str):
         _check_format(receiver)
     if name == "replace" and isinstance(receiver, str) and len(args) >= 2 \

@@ -52,8 +52,8 @@ def test_a_render_that_would_build_a_huge_value_or_run_for_ever_is_stopped(sourc
 
 
 def test_small_arithmetic_and_long_conversations_still_render():
-    small = ChatTemplate("{{ 2**64 }}|{{ 'ab' * 3 }}|{{ range(5)|sum }}").render(MESSAGES)
-    assert small == "18446744073709551616|ababab|10"
+    small = ChatTemplate("{{ 2**64 }}|{{ 'ab' * 3 }}|{{ range(5)|sum }}|{{ '{}'.format(1700000000) }}").render(MESSAGES)
+    assert small == "18446744073709551616|ababab|10|1700000000"
     conversation = [{"role": "user", "content": "x " * 50_000}] * 40
     assert len(ChatTemplate(CHATML).render(conversation)) > 4_000_000
 

@@ -125,7 +125,7 @@ def test_unreadable_prompt_file_is_one_line_error(tiny_models, tmp_path):
 
 def test_stdin_that_is_not_utf8_is_one_line_error_naming_the_byte(tiny_models):
     result = invoke(["run", "-m", tiny_models["target"], "-n", "1", "-"], input=b"hi \xff\n")
-    assert_one_line_error(result, "stdin is not valid UTF-8: byte 0xff at offset 3", code=1)
+    assert_one_line_error(result, "stdin: not valid UTF-8: byte 0xff at offset 3", code=1)
 
 
 def test_prompt_file_that_is_not_utf8_names_the_byte(tiny_models, tmp_path):

@@ -286,7 +286,8 @@ def test_doctor_reports_a_crafted_model_as_one_problem(corpus):
     assert out.count("model: ") == 2 and "not a power of two" in out and "array of arrays" in out
 
 
-@pytest.mark.parametrize("script, extra", [("prune_draft.py", ["--keep-first", "1"]), ("align_vocab.py", [])])
+@pytest.mark.parametrize("script, extra", [("prune_draft.py", ["--keep-first", "1"]), ("align_vocab.py", []),
+                                           ("quantize.py", ["-t", "Q8_0"])])
 @pytest.mark.parametrize("name", ["nested_arrays_deep", "alignment_zero", "block_count_999"])
 def test_convert_scripts_refuse_a_crafted_model_in_one_line(script, extra, name, corpus, tmp_path):
     args = [corpus[name], tmp_path / "out.gguf", *extra]

@@ -333,5 +333,5 @@ def decode_utf8(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PromptFileError(f"{source} not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+        raise PromptFileError(f"{source}: not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
                               "(convert it first, e.g. with iconv)") from None

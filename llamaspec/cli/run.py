@@ -22,12 +22,12 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
         raise click.UsageError("no prompt: give PROMPT, -f FILE, or - to read stdin")
     if prompt == "-" or prompt_file == "-":
         stream = getattr(sys.stdin, "buffer", None)
-        return decode_utf8(stream.read(), "stdin is") if stream is not None else sys.stdin.read()
+        return decode_utf8(stream.read(), "stdin") if stream is not None else sys.stdin.read()
     if prompt is not None:
         return utf8_argument(prompt, "PROMPT")
     path = Path(prompt_file)
     try:
-        return decode_utf8(path.read_bytes(), f"{path}:")
+        return decode_utf8(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise PromptFileError(f"{path}: no such prompt file") from None
     except OSError as e:

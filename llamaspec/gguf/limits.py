@@ -256,6 +256,8 @@ def _latent_attention(info) -> str | None:
     _, _, head_k, head_v, n_rot = heads
     if a in ("deepseek2", "hy_v4") and (k_mla or head_k) <= n_rot:
         return f"{a}: the query head ({k_mla or head_k}) must be longer than its rotary part ({n_rot})"
+    if k_mla and max(_per_layer(info, "attention.head_count_kv", 1), default=1) > 1:
+        return f"{a}: latent attention caches one key/value head, the header asks for more"
     if k_mla and (head_k != rank + n_rot or head_v != rank):
         return (f"{a}: latent attention needs key_length = kv_lora_rank + rope.dimension_count and value_length "
                 f"= kv_lora_rank; the header gives {head_k} and {head_v} for rank {rank} and {n_rot} rotary")
@@ -267,6 +269,12 @@ def _attention_shapes(info, types, elem_types) -> str | None:
     n_head_kv heads, Q to n_head (twice that where a gate rides along), the output from n_head value heads, a fused
     QKV to all three. llama.cpp checks most of these shapes, but not where a loader assumes n_embd (the graph's
     reshape then aborts). Latent attention (MLA) projects differently and is left to llama.cpp."""
+    n_layer = _int(info, "block_count") or 0
+    q_heads = _per_layer(info, "attention.head_count", n_layer)
+    kv_heads = _per_layer(info, "attention.head_count_kv", n_layer) or q_heads
+    for il, (n_q, n_kv) in enumerate(zip(q_heads, kv_heads)):
+        if n_kv > n_q:
+            return f"block {il} has {n_kv} key/value heads for {n_q} query heads"
     heads = _heads(info)
     latent = (_int(info, "attention.kv_lora_rank") or 0) > 0 or (_int(info, "attention.key_length_mla") or 0) > 0
     if latent:
@@ -274,16 +282,11 @@ def _attention_shapes(info, types, elem_types) -> str | None:
     if heads is None:
         return None
     _, _, head_k, head_v, _ = heads
-    n_layer = _int(info, "block_count") or 0
-    q_heads = _per_layer(info, "attention.head_count", n_layer)
-    kv_heads = _per_layer(info, "attention.head_count_kv", n_layer) or q_heads
     shapes = {t.name: t.shape for t in info.tensors}
     # the recurrent blocks of a hybrid (Gated DeltaNet, Mamba: ssm_* tensors) have projections of their own shapes,
     # also where they reuse the attention names (qwen35's linear-attention attn_qkv)
     recurrent = {t.name.split(".")[1] for t in info.tensors if t.name.startswith("blk.") and ".ssm_" in t.name}
     for il, (n_q, n_kv) in enumerate(zip(q_heads, kv_heads)):
-        if n_kv > n_q:
-            return f"block {il} has {n_kv} key/value heads for {n_q} query heads"
         if n_q <= 0 or str(il) in recurrent:
             continue  # a recurrent block of a hybrid
         want = {"attn_k": (1, (head_k * n_kv,)), "attn_v": (1, (head_v * n_kv,)),

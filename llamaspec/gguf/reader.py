@@ -195,10 +195,11 @@ class _Cursor:
         return ModelFileError(f"{self.path}: corrupt GGUF header (byte {self.pos}): {what}")
 
     def count(self, n: int, min_item_bytes: int, what: str) -> int:
-        """An element count that the rest of the file can hold."""
+        """An element count that the rest of the file can hold (a cut-off download looks the same as a lie)."""
         left = len(self.buf) - self.pos
         if n * min_item_bytes > left:
-            raise self.corrupt(f"{what} is {n:,}, more than the {left:,} bytes left can hold")
+            raise ModelFileError(f"{self.path}: truncated or corrupt GGUF file ({what} is {n:,}, more than the "
+                                 f"{left:,} bytes after byte {self.pos} hold); download it again")
         return n
 
     def scalar(self, fmt: str):
