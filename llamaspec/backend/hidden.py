@@ -254,6 +254,13 @@ class HiddenDraftContext:
     _attach_chain = Context._attach_chain
     _detach_chain = Context._detach_chain
 
+    # Sampling filters for this draft run in numpy on its logits (the engine asks every context; one that says
+    # no makes all of them filter by the same rule)
+    prefers_device_sampling = False
+
+    def set_device_sampler(self, cfg, seed: int = 0) -> bool:
+        return False
+
     # -- the cache -----------------------------------------------------------------------------------------------
     def keep(self, n: int) -> None:
         """Drop every position >= n (a plain attention cache: always possible)."""

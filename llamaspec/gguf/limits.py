@@ -36,6 +36,8 @@ _F32 = 0
 # Besides 1-D tensors: what element-wise and state-space ops take as F32 only (the converters keep them F32).
 _F32_SUFFIXES = ("norm.weight", ".bias", ".ssm_a", ".ssm_d")
 _NOT_WEIGHT_TYPES = {9: "Q8_1", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}  # work types
+# Index maps, not weights: EAGLE-3's and DFlash's d2t (draft row -> target token, the source of a GET_ROWS) is I64.
+_INDEX_TENSORS = {"d2t": 27}
 
 # What the graph builders of src/models/*.cpp assert at their top (tests/llama_asserts.py derives these lists from
 # a llama.cpp source tree, and a test keeps them in step): the key and value head sizes are equal; the rotary
@@ -375,6 +377,8 @@ def _tensor_types(info, types, elem_types) -> str | None:
     only F32 A, D and convolution tensors, so these must be F32, as every converter writes them; F64, integer and
     work types are no type for a weight matrix."""
     for t in info.tensors:
+        if _INDEX_TENSORS.get(t.name) == t.ggml_type:
+            continue
         vector = all(d == 1 for d in t.shape[1:]) or t.name.endswith(_F32_SUFFIXES) or ".ssm_conv1d." in t.name
         if t.ggml_type != _F32 and vector:
             return f"tensor {t.name!r} {list(t.shape)} is {t.type_name}; norms, biases and other vectors must be F32"
