@@ -7,7 +7,7 @@ import pytest
 from chisq import assert_follows
 from gguf_factory import make_tiny_model
 from llamaspec import load_pair
-from llamaspec.backend import Context, Model
+from llamaspec.backend import Context, Model, supports_gpu_offload
 from llamaspec.config import ModelConfig
 from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filter_logits, filtered_probs
@@ -77,6 +77,15 @@ def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx)
     assert np.count_nonzero(counts) > 3
     assert_follows(counts, probs)
     ctx.set_device_sampler(None)
+
+
+def test_device_filtering_is_preferred_only_with_the_output_layer_on_a_gpu(ctx, monkeypatch):
+    monkeypatch.delenv("LLAMASPEC_DEVICE_SAMPLING", raising=False)
+    assert ctx.prefers_device_sampling == supports_gpu_offload()  # every layer offloaded (n_gpu_layers -1)
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "1")
+    assert ctx.prefers_device_sampling
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "0")
+    assert not ctx.prefers_device_sampling
 
 
 def test_a_logits_eval_detaches_the_device_sampler(ctx):

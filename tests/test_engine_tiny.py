@@ -87,6 +87,11 @@ def test_invalid_sampler_values_are_refused(same_pair):
         same_pair.generate("x", top_p=0)
 
 
+def test_a_lone_surrogate_in_a_prompt_is_a_parameter_error(same_pair):
+    with pytest.raises(InvalidParameterError, match="lone surrogate U\\+D800 at character 3"):
+        same_pair.generate("abc\ud800", max_tokens=2)
+
+
 def test_incompatible_pair_names_both_files_and_the_mismatch(tiny_models):
     with pytest.raises(IncompatiblePairError) as err:
         load_pair(tiny_models["target"], tiny_models["other"], no_repack=True)

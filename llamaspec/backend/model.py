@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ModelLoadError
+from ..errors import InvalidParameterError, ModelLoadError
 from ..gguf.reader import ModelInfo, read_model_info
 from .devices import _device_list, add_rpc_servers, devices
 from .native import SPLIT_MODES, init_backend, llama_cpp, load_error, native_log
@@ -102,7 +102,11 @@ class Model:
         return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:   # a lone surrogate (U+D800..U+DFFF) has no UTF-8 form
+            raise InvalidParameterError(f"the text has a lone surrogate U+{ord(text[e.start]):04X} at character "
+                                        f"{e.start}, which is not Unicode text", param="prompt") from None
         n_max = len(data) + 16
         buf = (llama_cpp.llama_token * n_max)()
         n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
