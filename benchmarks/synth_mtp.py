@@ -6,8 +6,8 @@ rate: a speed benchmark for MTP drafting that needs no download.
 Shapes (--preset 27b) follow Qwen3.6-27B: width 5120, 64 blocks (every 4th full attention with 24 query heads,
 4 KV heads of 256; the others gated delta-net with 16 key heads and 48 value heads of 128), FFN 17408, a 248320-token
 vocabulary, and one nextn block. Every matrix of the blocks is Q4_K and zero (the GPU multiplies zeros as fast as
-anything), the embeddings and output matrix are Q8_0, so a token costs what a ~18 GB Q4 model costs. `tiny` is the
-same structure at width 256 for a CPU smoke test.
+anything), the embeddings and output matrix are Q8_0, so a token costs what a Q4 model of that size costs (27.3B
+parameters, 15.6 GiB, 865 tensors). `tiny` is the same structure at width 256 for a CPU smoke test.
 
 What the weights compute. The blocks write nothing into the residual stream, so the trunk's hidden state is
 rms_norm(e(x)) of the current token and its next token is sigma(x) = x + c mod V (one cycle over the vocabulary):
