@@ -5,8 +5,12 @@ prompts and files in one run. Prints a markdown report (also written to --out) w
     python benchmarks/bench_engine.py --target T-with-MTP.gguf --drafter mtp [--tools DIR] ...
 
 --tools is the folder holding llama-speculative-simple (benchmarks/build-llama-tools.sh prints it). Greedy and
-T=0.8 are both measured. Each mode runs every prompt once after one warm-up generation. With --drafter mtp the target's
-own multi-token-prediction head drafts (no --draft), and llama.cpp runs `--spec-type draft-mtp` on the same file.
+T=0.8 are both measured (--temps). --top-k/--top-p/--min-p apply to both engines: llama.cpp gets them explicitly,
+with temperature first in its chain as in llamaspec (its own defaults, top-k 40, top-p 0.95, min-p 0.05 with
+temperature last, would otherwise apply to it alone). Each mode runs every prompt once after one warm-up
+generation. The report says where llamaspec's filters ran (on the device or in numpy). With --drafter mtp the
+target's own multi-token-prediction head drafts (no --draft), and llama.cpp runs `--spec-type draft-mtp` on the
+same file.
 """
 from __future__ import annotations
 
@@ -84,11 +88,11 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
 
 
-def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: int = 0) -> Row:
+def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filters: dict, seed: int = 0) -> Row:
     row = Row(mode, temperature)
     for i, prompt in enumerate(prompts):
         pair.reset()
-        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i)
+        c = pair.generate(prompt, max_tokens=n_tokens, temperature=temperature, seed=seed + i, **filters)
         s = c.stats
         row.tokens += s.tokens_generated
         row.seconds += s.decode_time
@@ -105,21 +109,26 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, seed: 
 
 
 def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_tokens: int, k: int,
-                   temperature: float, threads: int, no_repack: bool, extra: list[str]) -> dict:
-    """One llama-speculative-simple run: a draft model (draft-simple), or the target's MTP head (draft=None)."""
+                   temperature: float, filters: dict, threads: int, no_repack: bool, extra: list[str],
+                   spec_type: str = "draft-simple") -> dict:
+    """One llama-speculative-simple run: a draft model (spec_type draft-simple, draft-eagle3 or draft-dflash), or
+    the target's MTP head (draft=None)."""
     exe = tools / "llama-speculative-simple"
-    drafting = (["-md", draft, "--spec-type", "draft-simple", "-td", str(threads), "-ngld", "99"] if draft
+    drafting = (["-md", draft, "--spec-type", spec_type, "-td", str(threads), "-ngld", "99"] if draft
                 else ["--spec-type", "draft-mtp"])
     cmd = [str(exe), "-m", target, *drafting, "-p", prompt, "-n", str(n_tokens),
            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-           "-t", str(threads), "-c", "2048", "--temp", str(temperature), "--seed", "1", "-ngl", "99", *extra]
+           "-t", str(threads), "-c", "2048",
+           "--temp", str(temperature), "--top-k", str(filters["top_k"]), "--top-p", str(filters["top_p"]),
+           "--min-p", str(filters["min_p"]), "--samplers", "temperature;top_k;top_p;min_p",
+           "--seed", "1", "-ngl", "99", *extra]
     if no_repack:
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
     # llama.cpp's log is written by a thread it never flushes at exit (common/log.cpp): on a busy CPU the last lines,
     # the statistics, can be lost. Run again when they are.
     for _ in range(5):
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=1800)
         log = out.stdout + out.stderr
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         if m or out.returncode != 0:
@@ -149,9 +158,15 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
                     help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
     ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off (both engines)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off (both engines)")
+    ap.add_argument("--min-p", type=float, default=0.0, help="0 = off (both engines)")
     ap.add_argument("--prompts", default="code,prose")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="", help="extra flags for llama-speculative-simple (e.g. -fa on)")
+    ap.add_argument("--spec-type", default=None,
+                    help="llama-speculative-simple's --spec-type [default: from the draft: draft-eagle3 for an "
+                         "EAGLE-3 draft, draft-dflash for a DFlash one, else draft-simple]")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -159,15 +174,22 @@ def main() -> None:
         ap.error("give --draft with --drafter model (the default), and no --draft with the MTP drafters")
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+    if a.spec_type is None and a.draft is not None:  # the same drafter llamaspec picks for this file
+        from llamaspec.gguf.reader import read_model_info
+
+        arch = read_model_info(a.draft).arch
+        a.spec_type = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
     temps = [float(t) for t in a.temps.split(",")]
+    filters = {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p}
     modes = a.modes.split(",")
-    lines = [f"# llamaspec engine benchmark", "",
+    lines = ["# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {Path(a.target).name}; draft: {Path(a.draft).name if a.draft else 'none'}; "
-             f"drafter: {a.drafter}",
+             f"drafter: {a.drafter} (llama.cpp: --spec-type {a.spec_type if a.draft else 'draft-mtp'})",
              f"- hardware: {hardware()}; threads {a.threads}; no_repack={a.no_repack}",
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up; "
-             f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+             f"date {time.strftime('%Y-%m-%d %H:%M')}",
+             f"- sampling filters at T > 0 (both engines): top_k {a.top_k}, top_p {a.top_p}, min_p {a.min_p}", ""]
     ks = [int(k) for k in a.k.split(",")]
     # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for
     names = [m.partition(":")[0] for m in modes]
@@ -189,11 +211,11 @@ def main() -> None:
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
-            rows.append(run_mode(pair, label, prompts, a.tokens, temperature))
+            rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
-            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, a.threads,
-                                   a.no_repack, a.llama_extra.split()) for p in prompts]
+            runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
+                                   a.no_repack, a.llama_extra.split(), a.spec_type) for p in prompts]
             llama = Row(f"llama-speculative-simple k={k}", temperature, passes=0,
                         tokens=sum(r["tokens"] for r in runs), seconds=sum(r["seconds"] for r in runs),
                         drafted=sum(r["drafted"] for r in runs), accepted=sum(r["accepted"] for r in runs))
@@ -202,7 +224,9 @@ def main() -> None:
             if k == ks[0]:
                 lines.append(f"- llama.cpp command (first prompt): `{runs[0]['cmd']}`")
         plain = next(r for r in rows if r.mode == "plain")
-        lines += [f"## temperature {temperature}", "",
+        where = "" if not temperature else \
+            f" (llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'})"
+        lines += [f"## temperature {temperature}{where}", "",
                   "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step | "
                   "rollback per step | draft per token | verify per pass |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -17,8 +17,8 @@ FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
 # where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/); "mtp" is the target's own
-# multi-token-prediction head (no draft model)
-DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp")
+# multi-token-prediction head (no draft model); "eagle3" and "dflash" are drafts that read the target's hidden states
+DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp", "eagle3", "dflash")
 MTP_DRAFTERS = ("mtp", "lookup+mtp")
 
 DEFAULT_N_CTX = 4096

@@ -20,9 +20,9 @@ import numpy as np
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import DraftPolicy, FixedPolicy, make_policy
-from .sampling import SamplerConfig, filtered_probs
+from .sampling import SamplerConfig, filter_logits
 from .stats import GenerationStats
-from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: part of the engine's API)
+from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
 from .verify import accept_greedy, accept_rejection
 
 
@@ -46,7 +46,7 @@ class Pair:
         self._history: list[int] = []
         self._last = 0
         self.last_stats: GenerationStats | None = None
-        self._target_probs = np.zeros((0, self.n_vocab), np.float32)  # target distributions, sampling only
+        self._target_scratch = np.zeros((0, self.n_vocab), np.float32)  # dense target rows, numpy sampling only
 
     # -- properties --------------------------------------------------------------------------------------------
     @property
@@ -147,7 +147,8 @@ class Pair:
     # -- the loop -------------------------------------------------------------------------------------------
     def _token_steps(self, prompt: list[int], max_tokens: int, cfg: SamplerConfig,
                      stats: GenerationStats) -> Iterator[tuple[int, bool]]:
-        sampling = None if cfg.greedy else Sampling(cfg, np.random.default_rng(cfg.seed))
+        rng = np.random.default_rng(cfg.seed)
+        sampling = None if cfg.greedy else Sampling(cfg, rng, device=self._device_sampling(cfg, rng))
         t_start = time.perf_counter()
         decode_before = self._decode_seconds()
         rollback_before = self._rollback_totals()
@@ -191,6 +192,17 @@ class Pair:
             seconds, replayed = self._rollback_totals()
             stats.time_rollback = seconds - rollback_before[0]
             stats.tokens_replayed = replayed - rollback_before[1]
+
+    def _device_sampling(self, cfg: SamplerConfig, rng: np.random.Generator) -> bool:
+        """Filter on the device (llama.cpp's sampler chains) when every context prefers it and can run it;
+        otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
+        contexts = [self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ())]
+        wanted = all(ctx.prefers_device_sampling for ctx in contexts)
+        if wanted and all([ctx.set_device_sampler(cfg, int(rng.integers(1, 2**31))) for ctx in contexts]):
+            return True
+        for ctx in contexts:
+            ctx.set_device_sampler(None)
+        return False
 
     def _decode_seconds(self) -> float:
         seconds = self.target_ctx.decode_seconds
@@ -237,6 +249,8 @@ class Pair:
         batch = [last] + drafted
         if sampling is None:  # the argmax of every row (taken on the device when it can be)
             target_argmax = self.target_ctx.eval_argmax(batch, rows="all")
+        elif sampling.device:  # every row filtered on the device: only the kept candidates come back
+            target_dists = self.target_ctx.eval_dists(batch, rows="all")
         else:
             logits = self.target_ctx.eval(batch, logits="all")
 
@@ -245,14 +259,18 @@ class Pair:
         if sampling is None:
             n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
         else:
-            if self._target_probs.shape[0] < len(batch):
-                self._target_probs = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab), np.float32)
-            rows: dict[int, np.ndarray] = {}
+            if sampling.device:
+                target_probs = target_dists.__getitem__
+            else:
+                if self._target_scratch.shape[0] < len(batch):
+                    self._target_scratch = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab),
+                                                    np.float32)
+                rows: dict = {}
 
-            def target_probs(i: int) -> np.ndarray:
-                if i not in rows:  # rows past the first rejection are never computed
-                    rows[i] = filtered_probs(logits[i], sampling.config, out=self._target_probs[i])
-                return rows[i]
+                def target_probs(i: int):
+                    if i not in rows:  # rows past the first rejection are never filtered
+                        rows[i] = filter_logits(logits[i], sampling.config, self._target_scratch[i])
+                    return rows[i]
 
             n_accepted, next_token = accept_rejection(draft_arr, draft.probs if drafted else None, target_probs,
                                                       sampling.rng)

@@ -9,6 +9,7 @@ from .config import MTP_DRAFTERS, LoadConfig, ModelConfig
 from .drafters import make_drafter
 from .engine import Pair
 from .errors import InvalidParameterError, UnsupportedModelError
+from .gguf.hidden_pair import HIDDEN_DRAFT_ARCHS, check_hidden_pair
 from .gguf.reader import ModelInfo, check_pair, read_model_info
 from .policy import DraftPolicy, make_policy
 
@@ -55,9 +56,14 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     # 1. headers: both files readable, the pair compatible, before any weights load
     target_info = read_model_info(target)
     draft_info: ModelInfo | None = None
+    kind = config.drafter
     if draft is not None:
         draft_info = read_model_info(draft)
+        kind = _drafter_kind(kind, draft_info)
         check_pair(target_info, draft_info)
+        check_hidden_pair(target_info, draft_info)
+    elif kind in HIDDEN_DRAFT_ARCHS:
+        raise InvalidParameterError(f"drafter {kind!r} needs its draft GGUF (draft=...)", param="draft")
     if policy_obj is None:
         policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min)
     mtp = config.drafter in MTP_DRAFTERS
@@ -100,6 +106,16 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         elif config.target.rpc_servers:
             draft_devices = tuple(d.name for d in devices() if d.kind == "gpu" and d.backend != "RPC")
         draft_model = Model(draft, draft_config.replace(devices=draft_devices), info=draft_info)
+        if kind in HIDDEN_DRAFT_ARCHS:  # reads the target's hidden states, borrows its embeddings / head
+            from .backend.hidden import HiddenDraftContext
+
+            try:
+                draft_ctx = HiddenDraftContext(draft_model, draft_config, target_ctx)
+            except BaseException:
+                for obj in (draft_model, target_ctx, target_model):
+                    obj.close()
+                raise
+            return Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj)
         draft_ctx = Context(draft_model, draft_config)
         if not draft_ctx.rollback.speculative:
             name = draft_ctx.rollback.describe()
@@ -107,7 +123,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
                 obj.close()
             raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
                                         "it cannot serve as a draft model")
-    return Pair(target_model, target_ctx, make_drafter(config.drafter, target_model, draft_ctx), policy_obj)
+    return Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj)
 
 
 def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
@@ -126,3 +142,18 @@ def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
     if info.n_layer_nextn > 1:
         raise UnsupportedModelError(f"{info.path}: {info.n_layer_nextn} chained MTP heads; llamaspec drafts with a "
                                     "single head only")
+
+
+def _drafter_kind(kind: str, draft: ModelInfo) -> str:
+    """The drafter for this draft file: an EAGLE-3 / DFlash file picks its own kind when the default ("model") was
+    asked for; any other mix of kind and file is refused."""
+    if draft.arch in HIDDEN_DRAFT_ARCHS:
+        if kind in ("model", draft.arch):
+            return draft.arch
+        raise InvalidParameterError(f"{draft.path} is {'an EAGLE-3' if draft.arch == 'eagle3' else 'a DFlash'} "
+                                    f"draft: use drafter {draft.arch!r}, not {kind!r}", param="drafter")
+    if kind in HIDDEN_DRAFT_ARCHS:
+        raise InvalidParameterError(f"drafter {kind!r} needs {'an EAGLE-3' if kind == 'eagle3' else 'a DFlash'} "
+                                    f"draft GGUF (architecture {kind!r}); {draft.path} is a {draft.arch!r} model",
+                                    param="drafter")
+    return kind

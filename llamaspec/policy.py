@@ -7,6 +7,7 @@ probability falls below it (llama.cpp's --draft-p-min). Policies know nothing ab
 from __future__ import annotations
 
 import abc
+from bisect import insort
 from collections import deque
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
@@ -99,90 +100,185 @@ class ThresholdPolicy(DraftPolicy):
             self._recent.clear()
 
 
+class _Timing:
+    """Seconds per unit (a pass, a drafted token) that one slow sample cannot swing: other processes only ever make a
+    step slower, and on a shared machine one step can take many times its usual time. The minimum of the first
+    samples, their median once there are 3, then a decayed average of samples clipped to [1/2, 2] x the estimate."""
+
+    __slots__ = ("total", "weight", "samples", "_first")
+
+    def __init__(self):
+        self.total = self.weight = 0.0
+        self.samples = 0
+        self._first: list[float] | None = []
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight
+
+    def add(self, per_unit: float, units: float, decay: float) -> None:
+        self.samples += 1
+        first = self._first
+        if first is not None:
+            first.append(per_unit)
+            self.weight += units
+            self.total = (min(first) if len(first) < 3 else sorted(first)[len(first) // 2]) * self.weight
+            if len(first) == 3:
+                self._first = None
+            return
+        estimate = self.total / self.weight
+        self.total = decay * self.total + min(max(per_unit, 0.5 * estimate), 2.0 * estimate) * units
+        self.weight = decay * self.weight + units
+
+
 class AutoPolicy(DraftPolicy):
-    """Pick k to maximise expected tokens per second under a measured cost model.
+    """Pick k to maximise expected tokens per second under a measured cost model, and lose next to nothing to
+    plain decoding where speculation cannot pay.
 
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
     time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
-    k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding. When plain decoding wins, a short
-    draft is still tried now and then (after `probe_every` steps, the interval doubling while probes confirm it;
-    only every `max_probe_interval` steps when even a perfect draft could not pay on this machine), so the
-    estimates recover when the text gets easier.
-    All estimates are exponentially decayed averages, so the policy follows changes within a request.
+    k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding.
+
+    One object serves a pair for its lifetime (the server and chat keep theirs): the machine's costs do not change
+    between requests, so what it measured stays. How it spends its steps:
+    1. The first is plain (a draft not yet prefilled would delay the first token); the second drafts `k_start`
+       tokens: a plain pass, a short verification and the draft's cost per token. Where the answer is not clear
+       (or the timings contradict each other) it takes two more plain passes before deciding.
+    2. Perfect-draft bound: where even a draft that is always right could not beat plain decoding by `min_gain`,
+       acceptance is beside the point: it stays plain (the draft is then never prefilled) and re-measures with a
+       2-token draft every `recheck_every` steps.
+    3. Otherwise it drafts the best k, with a plain pass now and then where the gain is not obviously large (every
+       gain is judged against t_verify(1)). When plain wins it probes with a 1-token draft after `probe_every`
+       plain steps, the interval doubling up to `max_probe_interval` while probes fail.
+    Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost
+    against plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what
+    it gained, up to `credit_steps` plain passes. Optimistic estimates (longer drafts than the evidence supports)
+    need a positive credit; a probe needs credit for its cost, or waits until that cost is at most `loss_budget` of
+    the plain time since the last probe.
+    Timings are robust decayed averages (_Timing); acceptance counts decay too, so the policy follows changes within
+    a request. A plain step is O(1); the search over k runs after drafted steps only.
     """
 
     name = "auto"
 
-    def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 16,
-                 max_probe_interval: int = 1024, decay: float = 0.95):
+    def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 4,
+                 max_probe_interval: int = 128, recheck_every: int = 1024, min_gain: float = 1.2,
+                 loss_budget: float = 0.01, credit_steps: int = 16, initial_credit_steps: int = 4,
+                 decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
         self.k_start = min(_check_k("k_start", k_start, 1), self.k_max)
         self.probe_every = _check_k("probe_every", probe_every, 1)
         self.max_probe_interval = max(_check_k("max_probe_interval", max_probe_interval, 1), self.probe_every)
-        self._probe_interval = self.probe_every
+        self.recheck_every = _check_k("recheck_every", recheck_every, 1)
+        if not isinstance(min_gain, (int, float)) or min_gain < 1.0:
+            raise InvalidParameterError(f"min_gain must be >= 1, got {min_gain!r}", param="min_gain")
+        self.min_gain = float(min_gain)
+        self.loss_budget = _check_p("loss_budget", loss_budget)
+        self.credit_steps = _check_k("credit_steps", credit_steps, 1)
+        self.initial_credit_steps = min(_check_k("initial_credit_steps", initial_credit_steps), self.credit_steps)
         self.decay = decay
-        # acceptance at each draft position: decayed (accepted, tried) counts with a weak prior of 0.6
-        self._prior_weight = 0.5
-        self._acc = [0.6 * self._prior_weight] * (self.k_max + 1)
-        self._tried = [self._prior_weight] * (self.k_max + 1)
-        self._t_draft: float | None = None          # seconds per drafted token
-        self._t_verify: dict[int, float] = {}       # batch size -> seconds per target pass
-        self._steps = 0
+        # acceptance at each draft position: (accepted, tried) counts, all decayed at every drafted step so that
+        # what was seen at positions no longer drafted fades; each estimate leans on the position before it
+        self._prior, self._prior_weight = 0.6, 0.5
+        self._stale_decay, self._bonus = 0.995, 0.2
+        self._plain_samples, self._sure_gain, self._refresh_every = 3, 2.0, 8
+        self._acc = [0.0] * (self.k_max + 1)
+        self._tried = [0.0] * (self.k_max + 1)
+        self._verify: dict[int, _Timing] = {}        # batch size -> seconds per target pass
+        self._sizes: list[int] = []                  # measured batch sizes, sorted
+        self._draft = _Timing()                      # seconds per drafted token
+        self._k = 0
+        self._since_draft = 1 << 30   # plain steps since the last drafted one: how far the drafter is behind
         self._since_probe = 0
-        self._k = self.k_start
+        self._since_plain = 0         # drafted steps since the last plain one
+        self._refresh = False         # this plain step re-measures t_verify(1) between drafted ones
+        self._probe_interval = self.probe_every
+        self._probe_due = 0.0         # plain steps after the last decision when a probe is next considered
+        self._probing = False         # the current draft length is a probe
+        self._credit = 0.0            # seconds exploration may still lose against plain decoding
+        self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
 
     # -- estimates ---------------------------------------------------------------------------------------------
+    @property
+    def t_draft(self) -> float | None:
+        return self._draft.value if self._draft.samples else None
+
+    def acceptances(self, optimistic: bool = False) -> list[float]:
+        """Acceptance at each draft position 1..k_max (index 0 unused) given the earlier ones were accepted.
+        Each is its counts shrunk toward the estimate before it (acceptance changes slowly along a draft; a
+        position never reached takes the one before it). `optimistic` adds an upper-confidence bonus that
+        shrinks as a position is tried, so rarely reached positions get tried; position 1 is judged at every
+        draft and gets none (it must not keep a useless draft alive)."""
+        out, before, w0 = [0.0] * (self.k_max + 1), self._prior, self._prior_weight
+        for j in range(1, self.k_max + 1):
+            tried = self._tried[j] + w0
+            before = (self._acc[j] + w0 * before) / tried
+            out[j] = min(1.0, before + self._bonus / tried ** 0.5) if optimistic and j > 1 else before
+        return out
+
     def acceptance(self, position: int, optimistic: bool = False) -> float:
-        """Acceptance at a draft position given the earlier ones were accepted; a position never tried borrows
-        the estimate of the one before it (acceptance changes slowly along a draft). `optimistic` adds an
-        upper-confidence bonus that shrinks as a position is tried, so rarely reached positions get tried."""
-        while position > 1 and self._tried[position] <= self._prior_weight:
-            position -= 1
-        tried = self._tried[position]
-        estimate = self._acc[position] / tried
-        # position 1 is judged at every draft, so it needs no bonus (and must not keep a useless draft alive)
-        return min(1.0, estimate + 0.3 / tried ** 0.5) if optimistic and position > 1 else estimate
+        return self.acceptances(optimistic)[position]
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
-        """t_verify(n): measured when seen; otherwise a line through the measured points (at least the slope
-        implied by one point and a 10% cost per extra token, never cheaper than a smaller measured batch).
-        Beyond the largest measured batch, `optimistic` halves the slope: verify cost usually flattens (a GPU
-        verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft."""
-        seen = self._t_verify
-        if not seen:
-            return None
-        if n in seen:
-            return seen[n]
-        xs = sorted(seen)
+        """t_verify(n), seconds for one target pass over n tokens (see _verify_curve)."""
+        curve = self._verify_curve(n, optimistic)
+        return curve[n] if curve else None
+
+    def _verify_curve(self, n_max: int, optimistic: bool) -> list[float]:
+        """[_, t_verify(1), ..., t_verify(n_max)] in one pass; [] before any measurement. Measured sizes give
+        their average, lowered where a larger size was measured cheaper (timing noise: a pass over more tokens
+        does not cost less); between two of them, the line through both. Beyond the largest, the chord from the
+        smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
+        `optimistic` takes half the slope of the last two points instead: verify cost usually flattens (a GPU
+        verifies 9 tokens for little more than 5), and the only way to learn that is to try a longer draft.
+        With one size measured: a 10% cost per extra token above it, proportional below it."""
+        xs = self._sizes
+        if not xs:
+            return []
+        ys = [self._verify[x].value for x in xs]
+        for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
+            ys[i] = min(ys[i], ys[i + 1])
+        out = [0.0] * (n_max + 1)
         if len(xs) == 1:
-            x0 = xs[0]
-            return seen[x0] * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else seen[x0] * n / x0
-        lo = max((x for x in xs if x < n), default=None)
-        hi = min((x for x in xs if x > n), default=None)
-        if lo is not None and hi is not None:
-            w = (n - lo) / (hi - lo)
-            return seen[lo] * (1 - w) + seen[hi] * w
-        a, b = (xs[-2], xs[-1]) if hi is None else (xs[0], xs[1])
-        slope = max((seen[b] - seen[a]) / (b - a), 0.0) * (0.5 if optimistic and hi is None else 1.0)
-        base = seen[a] if hi is not None else seen[b]
-        anchor = a if hi is not None else b
-        return max(base + slope * (n - anchor), 1e-9)
+            x0, y0 = xs[0], ys[0]
+            for n in range(1, n_max + 1):
+                out[n] = y0 * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else y0 * n / x0
+            return out
+        slope_low = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        a = -2 if optimistic else 0
+        slope_high = max((ys[-1] - ys[a]) / (xs[-1] - xs[a]), 0.0) * (0.5 if optimistic else 1.0)
+        i, last = 0, len(xs)
+        for n in range(1, n_max + 1):
+            while i < last and xs[i] < n:
+                i += 1
+            if i < last and xs[i] == n:
+                out[n] = ys[i]
+            elif i == 0:
+                out[n] = max(ys[0] + slope_low * (n - xs[0]), 1e-9)
+            elif i == last:
+                out[n] = ys[-1] + slope_high * (n - xs[-1])
+            else:
+                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                out[n] = ys[i - 1] * (1 - w) + ys[i] * w
+        return out
 
     def _speeds(self, k_max: int, optimistic: bool):
         """(k, expected tokens per second) for k = 0..k_max, as far as the estimates reach, in one pass:
         tokens(k) grows by the chance of accepting all of d_1..d_k."""
-        if not self._t_verify:
+        verify = self._verify_curve(k_max + 1, optimistic)
+        if not verify:
             return
-        t_draft = self._t_draft or 0.0
-        tokens, run = 1.0, 1.0
-        for k in range(k_max + 1):
-            if k > 0:
-                if self._t_draft is None:
-                    return
-                run *= self.acceptance(k, optimistic)
-                tokens += run
-            yield k, tokens / (k * t_draft + self.verify_time(k + 1, optimistic))
+        yield 0, 1.0 / verify[1]
+        t_draft = self.t_draft
+        if t_draft is None:
+            return
+        acceptance = self.acceptances(optimistic)
+        tokens = run = 1.0
+        for k in range(1, k_max + 1):
+            run *= acceptance[k]
+            tokens += run
+            yield k, tokens / (k * t_draft + verify[k + 1])
 
     def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
         last = None
@@ -190,59 +286,137 @@ class AutoPolicy(DraftPolicy):
             last = speed if j == k else None
         return last
 
-    def _best_k(self) -> int:
-        """argmax_k expected_speed(k, optimistic=True) (ties go to the longer draft)."""
-        if not self._t_verify:
-            return self.k_start
-        return max(self._speeds(self.k_max, optimistic=True), key=lambda ks: (ks[1], ks[0]))[0]
+    def _best_k(self, optimistic: bool) -> int:
+        """argmax_k expected_speed(k) (ties go to the longer draft)."""
+        return max(self._speeds(self.k_max, optimistic), key=lambda ks: (ks[1], ks[0]))[0]
 
     def perfect_draft_gain(self) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
         on this machine whatever the text, and probing acceptance is pointless."""
-        plain = self.verify_time(1)
-        if plain is None or self._t_draft is None:
+        verify, t_draft = self._verify_curve(self.k_max + 1, False), self.t_draft
+        if not verify or t_draft is None:
             return None
-        best = max((k + 1) / (k * self._t_draft + self.verify_time(k + 1)) for k in range(1, self.k_max + 1))
-        return best * plain
+        return verify[1] * max((k + 1) / (k * t_draft + verify[k + 1]) for k in range(1, self.k_max + 1))
+
+    def _catch_up(self, missed: int) -> float:
+        """Estimated seconds for the drafter to catch up on `missed` tokens in one batch with the next one, which
+        the engine reports as setup and the policy never sees: priced like the target's own batches, t_draft x
+        v(m + 1) / v(1) on the chord of the measured curve. ModelDrafter restarts on its last 64 tokens when more
+        than 128 are missing; up to 2 missed tokens are decoded with the draft and counted in its time."""
+        if missed <= 2 or self.t_draft is None or len(self._sizes) < 2:
+            return 0.0
+        xs = self._sizes
+        low, high = self._verify[xs[0]].value, self._verify[xs[-1]].value
+        per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
+        return self.t_draft * (1.0 + per_token * (64 if missed > 128 else missed))
+
+    def _probe_loss(self, k: int) -> float:
+        """Seconds a k-token probe now loses against plain decoding if nothing is accepted."""
+        return (k * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
+                + self._catch_up(self._since_draft))
 
     # -- the two questions ----------------------------------------------------------------------------------
     def next_draft_len(self) -> int:
         return self._k
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        self._steps += 1
-        d = self.decay
         n = drafted + 1
-        old = self._t_verify.get(n)
-        self._t_verify[n] = verify_seconds if old is None else d * old + (1 - d) * verify_seconds
-        if drafted:
-            per_token = draft_seconds / drafted
-            self._t_draft = per_token if self._t_draft is None else d * self._t_draft + (1 - d) * per_token
-            for j in range(1, drafted + 1):
-                if j > accepted + 1:
-                    break  # positions after the first rejection were never judged
-                self._tried[j] = d * self._tried[j] + 1.0
-                self._acc[j] = d * self._acc[j] + (1.0 if j <= accepted else 0.0)
-
-        if self._steps == 1 and 1 not in self._t_verify:
-            self._k = 0  # measure one plain pass early: every comparison is against it
-            return
-        best = self._best_k()
-        if best > 0:
-            self._since_probe, self._probe_interval = 0, self.probe_every
-            self._k = best
-            return
-        # Speculation does not pay now. Probe again later, less and less often while probes keep confirming it;
-        # when even a perfect draft could not pay (the machine's costs), probe rarely: only costs could change.
-        self._since_probe += 1
-        if drafted:
-            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
-        gain = self.perfect_draft_gain()
-        interval = self.max_probe_interval if gain is not None and gain < 1.0 else self._probe_interval
-        if self._since_probe >= interval:
-            self._since_probe, self._k = 0, min(2, self.k_max)
+        if n not in self._verify:
+            self._verify[n] = _Timing()
+            insort(self._sizes, n)
+        self._verify[n].add(verify_seconds, 1.0, self.decay)
+        if drafted == 0:
+            self._plain_step(verify_seconds)
         else:
+            self._draft_step(drafted, accepted, draft_seconds, verify_seconds)
+
+    def _plain_step(self, seconds: float) -> None:
+        """O(1) unless a probe is due: nothing else changed since the last decision."""
+        self._since_draft, self._since_plain = self._since_draft + 1, 0
+        plain = self._verify[1]
+        t_plain = plain.value
+        if plain.samples == 1:  # the first plain pass: an allowance for learning the costs
+            self._credit = self.initial_credit_steps * t_plain
+        cap = self.credit_steps * t_plain
+        self._credit = min(self._credit + self.loss_budget * seconds, cap)
+        if self._k:
+            return  # a draft was asked for but did not fit (the request's last token, a full context)
+        if self._refresh:  # a plain pass taken to re-measure t_verify(1): back to drafting
+            self._refresh = False
+            self._decide(probe_failed=False)
+            return
+        if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
+            if self.t_draft is None:
+                self._k, self._probing = self.k_start, True
+            elif plain.samples >= self._plain_samples:
+                self._decide(probe_failed=False)
+            return
+        self._since_probe += 1
+        if self._since_probe < self._probe_due:
+            return
+        # 1 token tells acceptance; 2 measure the draft after its catch-up. A probe is paid from the credit, or
+        # waits until it costs at most loss_budget of the plain time since the last one (a drafter far behind
+        # makes a probe cost several plain passes); both grow by `earned` a step, so the wait is known.
+        k = min(1 if self._pays else 2, self.k_max)
+        loss, earned = self._probe_loss(k), self.loss_budget * t_plain
+        covered = max(self._credit, self._since_probe * earned)
+        if covered >= loss:
+            self._k, self._probing = k, True
+        else:
+            self._probe_due = self._since_probe + max(1.0, (loss - covered) / earned)
+
+    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        d = self.decay
+        # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
+        # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
+        counted = drafted - 1 if self._since_draft >= 3 else drafted
+        if counted > 0:
+            self._draft.add(draft_seconds / counted, counted, d)
+        missed, self._since_draft = self._since_draft, 0
+        self._since_plain += 1
+        acc, tried = self._acc, self._tried
+        judged = min(drafted, accepted + 1)
+        for j in range(1, self.k_max + 1):
+            keep = d if j <= judged else self._stale_decay
+            acc[j] *= keep
+            tried[j] *= keep
+        for j in range(1, judged + 1):  # positions after the first rejection were not judged
+            tried[j] += 1.0
+            acc[j] += 1.0 if j <= accepted else 0.0
+        if self.t_draft is None or 1 not in self._verify:
+            return  # keep the draft length until both costs are known
+        t_plain = min(t.value for t in self._verify.values())  # t_verify(1), as in _verify_curve
+        seconds = draft_seconds + verify_seconds
+        lost = seconds + self._catch_up(missed) - (accepted + 1) * t_plain
+        self._credit = min(self._credit + self.loss_budget * seconds - lost, self.credit_steps * t_plain)
+        probing, self._probing = self._probing, False
+        if self._pays is None and self._verify[1].samples < self._plain_samples and not (
+                self.perfect_draft_gain() >= self._sure_gain * self.min_gain and verify_seconds >= t_plain):
+            # A marginal machine, or a pass over more tokens that took less time than one over a single token
+            # (timing noise): the one plain pass may have been an outlier, so measure more before deciding.
             self._k = 0
+            return
+        self._decide(probing and accepted == 0)
+
+    def _decide(self, probe_failed: bool) -> None:
+        """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable."""
+        gain = self.perfect_draft_gain()
+        self._pays = gain >= self.min_gain
+        best = self._best_k(optimistic=self._credit > 0) if self._pays else 0
+        if best > 0:
+            self._probe_interval = self.probe_every
+            # Drafting measures no plain pass, yet every gain is judged against one: where the gain is not
+            # obviously large, take a plain pass now and then (often while it has few samples).
+            samples = self._verify[1].samples
+            every = self._refresh_every if samples < 4 * self._plain_samples else 16 * self._refresh_every
+            if self._since_plain >= every and gain < self._sure_gain * self.min_gain:
+                best, self._refresh = 0, True
+        elif probe_failed and self._pays:  # back off while probes fail; one that was accepted: look again soon
+            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
+        else:
+            self._probe_interval = self.probe_every
+        self._since_probe, self._k = 0, best
+        self._probe_due = self._probe_interval if self._pays else self.recheck_every
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,

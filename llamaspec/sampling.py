@@ -1,8 +1,17 @@
-"""Sampler settings and the filtered next-token distribution, as pure numpy over one row of logits.
+"""Sampler settings and filtered next-token distributions, as pure numpy.
 
-Order of operations (the same for draft and target, which is what keeps rejection sampling exact):
-temperature -> top-k -> top-p -> min-p -> renormalise. Temperature 0 means greedy (argmax) and no distribution
-is ever built. Nothing here knows about models or tokens beyond their ids.
+The rule (the same for draft and target, which is what keeps rejection sampling exact): temperature -> top-k ->
+top-p -> min-p -> renormalise. top-p's mass is measured after top-k, min-p's threshold is relative to the most
+likely token; temperature comes first, as in OpenAI's API and Hugging Face (llama.cpp's default chain applies it
+last, which changes which tokens top-p and min-p keep when T != 1). Temperature 0 means greedy (argmax) and no
+distribution is ever built. Nothing here knows about models or tokens beyond their ids.
+
+- `filtered_probs`: the rule written plainly over one dense row (the reference the tests hold the fast paths to).
+- `filter_logits`: the same rule as a `Dist` without vocabulary-wide passes the settings do not need: top-k and
+  min-p never exponentiate the whole vocabulary and come back sparse (only the kept ids); top-p alone needs the
+  whole vocabulary's mass (one exp pass) but comes back sparse; temperature alone is a dense row.
+- `Dist`: a filtered distribution, dense or sparse, possibly with a draw already made from it (llama.cpp's
+  sampler chain on the device fills Dists too: backend/context.py).
 """
 from __future__ import annotations
 
@@ -50,7 +59,8 @@ def validate_sampler(temperature, top_k, top_p, min_p, seed) -> None:
 
 
 def filtered_probs(logits: np.ndarray, cfg: SamplerConfig, out: np.ndarray | None = None) -> np.ndarray:
-    """Probabilities after temperature, top-k, top-p and min-p; zeros outside the kept set. Sums to 1.
+    """The rule, plainly: probabilities after temperature, top-k, top-p and min-p; zeros outside the kept set.
+    Sums to 1. Several passes over the vocabulary: the reference for tests, not the hot path (`filter_logits`).
 
     `logits` is read, never written (it may be a view into llama.cpp's buffer); `out` is reused when given.
     """
@@ -87,11 +97,174 @@ def _apply_top_p(probs: np.ndarray, top_p: float) -> None:
     probs[kept] = values
 
 
+class Dist:
+    """A filtered next-token distribution, dense or sparse.
+
+    Token `ids[j]` has probability `weights[j] / total`. `ids` None means dense: the token id is the index, and ids
+    past the end have probability 0 (a draft vocabulary shorter than the target's). `total` is computed when first
+    needed (a dense row's sum is a vocabulary pass; sampling computes it on the way). `draw`: a token already drawn
+    from this distribution with randomness of its own (llama.cpp's sampler chain), or -1; `sample` uses it once.
+    Weights may be views into llama.cpp's buffers: `copy` what must outlive the next decode.
+    """
+
+    __slots__ = ("ids", "weights", "_total", "peak", "draw")
+
+    def __init__(self, ids: np.ndarray | None, weights: np.ndarray, total: float | None = None,
+                 peak: float | None = None, draw: int = -1):
+        self.ids, self.weights, self._total, self.peak, self.draw = ids, weights, total, peak, draw
+
+    @property
+    def total(self) -> float:
+        if self._total is None:
+            self._total = float(self.weights.sum(dtype=np.float64))
+        return self._total
+
+    def prob(self, token: int) -> float:
+        if self.ids is None:
+            weight = self.weights[token] if token < len(self.weights) else 0.0
+        else:
+            hit = np.flatnonzero(self.ids == token)
+            weight = self.weights[hit[0]] if len(hit) else 0.0
+        return float(weight) / self.total
+
+    def probs_at(self, tokens: np.ndarray) -> np.ndarray:
+        """The probabilities of many token ids (float64), e.g. q over p's support for the residual."""
+        if self.ids is None:
+            out = np.zeros(len(tokens))
+            inside = tokens < len(self.weights)
+            out[inside] = self.weights[tokens[inside]]
+        else:
+            order = np.argsort(self.ids)
+            sorted_ids = self.ids[order]
+            pos = np.minimum(np.searchsorted(sorted_ids, tokens), len(sorted_ids) - 1)
+            out = np.where(sorted_ids[pos] == tokens, self.weights[order[pos]], 0.0)
+        return out / self.total
+
+    def max_prob(self) -> float:
+        peak = self.peak if self.peak is not None else float(self.weights.max())
+        return peak / self.total
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        """As a probability vector over n_vocab ids (float64; for tests and tools, not the hot path)."""
+        out = np.zeros(n_vocab)
+        if self.ids is None:
+            out[:len(self.weights)] = self.weights
+        else:
+            out[self.ids] = self.weights
+        return out / self.total
+
+    def copy(self, into: np.ndarray | None = None) -> "Dist":
+        """A copy that outlives llama.cpp's buffers (without the draw); a dense row goes into `into` when given."""
+        if self.ids is None and into is not None:
+            weights = into[:len(self.weights)]
+            weights[:] = self.weights
+        else:
+            weights = self.weights.copy()
+        return Dist(None if self.ids is None else self.ids.copy(), weights, self._total, self.peak)
+
+
+def as_dist(probs: "Dist | np.ndarray") -> Dist:
+    """A Dist as is; a probability vector over the vocabulary as a dense Dist."""
+    return probs if isinstance(probs, Dist) else Dist(None, probs)
+
+
+def filter_logits(logits: np.ndarray, cfg: SamplerConfig, scratch: np.ndarray | None = None) -> Dist:
+    """`filtered_probs`'s rule as a Dist, touching the vocabulary only as much as the settings need.
+
+    top-k: a threshold pass finds a small superset of the k best logits, then only those are exponentiated.
+    min-p alone: it keeps the logits within T*ln(1/min_p) of the best, found by one comparison pass. top-p without
+    top-k: one exp pass for the vocabulary's mass, then the nucleus among the best logits. Temperature alone: a
+    dense row of unnormalised weights (written into `scratch` when given; its sum is left for when it is needed).
+    `logits` is read, never written. Weights are exp((logit - best) / T): the best token's weight is 1.
+    """
+    n_vocab = logits.shape[0]
+    inv_t = 1.0 / cfg.temperature
+    best = float(logits.max())
+    top_k = cfg.top_k if 0 < cfg.top_k < n_vocab else 0
+    total = None
+    if top_k:
+        ids = _top_k_ids(logits, top_k, best)
+        weights = np.exp((logits[ids] - best) * inv_t)
+    elif cfg.top_p < 1.0:
+        dense = _exp_row(logits, best, inv_t, scratch)
+        total = float(dense.sum(dtype=np.float64))
+        ids = _nucleus_ids(logits, dense, best, cfg.top_p * total, cfg.temperature)
+        weights = dense[ids]
+    elif cfg.min_p > 0.0:
+        # exp((l - best) / T) >= min_p  <=>  l >= best + T ln(min_p); the exact test is on the weights below
+        ids = np.flatnonzero(logits >= best + cfg.temperature * math.log(cfg.min_p) - 1e-3)
+        weights = np.exp((logits[ids] - best) * inv_t)
+    else:
+        return Dist(None, _exp_row(logits, best, inv_t, scratch), peak=1.0)
+
+    # sparse: best first, then top-p's prefix and min-p's prefix of the sorted weights
+    order = np.argsort(-weights, kind="stable")
+    ids, weights = ids[order], weights[order]
+    if cfg.top_p < 1.0:
+        cumulative = np.cumsum(weights, dtype=np.float64)
+        target = cfg.top_p * (cumulative[-1] if total is None else total)  # top-p's mass is after top-k
+        n_keep = min(int(np.searchsorted(cumulative, target)) + 1, len(ids))  # include the token crossing top_p
+        ids, weights = ids[:n_keep], weights[:n_keep]
+    if cfg.min_p > 0.0:
+        n_keep = int(np.count_nonzero(weights >= np.float32(cfg.min_p)))  # relative to the best token's weight 1
+        ids, weights = ids[:n_keep], weights[:n_keep]
+    return Dist(ids, weights, peak=1.0)
+
+
+def _exp_row(logits: np.ndarray, best: float, inv_t: float, out: np.ndarray | None) -> np.ndarray:
+    row = np.subtract(logits, np.float32(best), out=out, dtype=np.float32)
+    row *= np.float32(inv_t)
+    return np.exp(row, out=row)
+
+
+def _top_k_ids(logits: np.ndarray, k: int, best: float) -> np.ndarray:
+    """The ids of the k largest logits. A threshold from every 32nd logit (the value ranked about 2k / 32 + 8 there)
+    keeps a few times k ids in one comparison pass, then a partition among those few; if the threshold kept
+    fewer than k (a rare, lopsided row), the partition runs over the whole row."""
+    n = logits.shape[0]
+    sample = logits[::32]
+    rank = min(len(sample) - 1, 2 * k // 32 + 8)
+    if rank < len(sample) - 1:
+        threshold = np.partition(sample, len(sample) - 1 - rank)[len(sample) - 1 - rank]
+        ids = np.flatnonzero(logits >= threshold)  # every id above the k-th largest when there are >= k
+        if len(ids) >= k:
+            return ids[np.argpartition(logits[ids], len(ids) - k)[len(ids) - k:]] if len(ids) > k else ids
+    return np.argpartition(logits, n - k)[n - k:]
+
+
+def _nucleus_ids(logits: np.ndarray, weights: np.ndarray, best: float, target: float, temperature: float):
+    """A set of the best tokens whose mass exceeds `target`: the nucleus (the best tokens up to the one that
+    crosses it) lies inside, since the set holds every token above its logit threshold."""
+    for ratio in (8.0, 16.0, 32.0, 64.0):  # tokens down to e^-ratio of the best probability
+        ids = np.flatnonzero(logits >= best - ratio * temperature)
+        if weights[ids].sum(dtype=np.float64) > target:
+            return ids
+    return np.arange(logits.shape[0])
+
+
+def sample(dist: Dist, rng: np.random.Generator) -> int:
+    """One token id from a Dist: its draw when it has one (used once), otherwise inverse-CDF sampling with rng."""
+    if dist.draw >= 0:
+        token, dist.draw = dist.draw, -1
+        if dist.prob(token) > 0.0:  # a draw outside the support could only come from rounding in its sampler
+            return token
+    if dist.ids is None:
+        token, dist._total = _sample_dense(dist.weights, rng)
+        return token
+    cdf = np.cumsum(dist.weights, dtype=np.float64)
+    return int(dist.ids[_first_above(cdf, rng.random() * cdf[-1], dist.weights)])
+
+
 _SAMPLE_BLOCK = 1024
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from a (possibly unnormalised) non-negative vector.
+    """Draw one token id from a (possibly unnormalised) non-negative vector."""
+    return _sample_dense(probs, rng)[0]
+
+
+def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
+    """One id drawn from a non-negative vector, and the vector's sum.
 
     Inverse-CDF sampling in two levels: pick a block of 1024 ids by the blocks' masses, then the id inside it.
     A cumulative sum over the whole vocabulary is sequential (about 2 ms for 152k ids on a slow core); block sums
@@ -100,7 +273,7 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     n = probs.shape[0]
     if n <= 4 * _SAMPLE_BLOCK:
         cdf = np.cumsum(probs, dtype=np.float64)
-        return _first_above(cdf, rng.random() * cdf[-1], probs)
+        return _first_above(cdf, rng.random() * cdf[-1], probs), float(cdf[-1])
     n_full = n - n % _SAMPLE_BLOCK
     sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
     if n_full < n:
@@ -113,7 +286,7 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     lo = b * _SAMPLE_BLOCK
     block = probs[lo:lo + _SAMPLE_BLOCK]
     inner = np.cumsum(block, dtype=np.float64)
-    return lo + _first_above(inner, u - (cdf[b - 1] if b else 0.0), block)
+    return lo + _first_above(inner, u - (cdf[b - 1] if b else 0.0), block), float(cdf[-1])
 
 
 def _first_above(cdf: np.ndarray, u: float, probs: np.ndarray) -> int:

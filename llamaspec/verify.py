@@ -6,11 +6,11 @@ Row i of the target's output is its prediction for the position after token i of
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import sample_from
+from .sampling import Dist, as_dist, sample
 
 
 def accept_greedy(draft_tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[int, int]:
@@ -26,29 +26,43 @@ def accept_greedy(draft_tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[
 
 def accept_rejection(
     draft_tokens: np.ndarray,
-    draft_probs: np.ndarray,
-    target_probs: Callable[[int], np.ndarray],
+    draft_probs: Sequence[Dist | np.ndarray] | np.ndarray | None,
+    target_probs: Callable[[int], Dist | np.ndarray],
     rng: np.random.Generator,
 ) -> tuple[int, int]:
     """Leviathan/Chen speculative sampling: the output has exactly the target's distribution.
 
-    draft_tokens: (k,), each drawn from the matching row of draft_probs (k, V); the row of a rejected token is
-    overwritten with the residual (no vocabulary-sized allocation per step).
-    target_probs(i): the target's filtered distribution at row i (computed lazily: rows past the first
-    rejection are never needed). Returns (n_accepted, next_token).
+    draft_tokens: (k,), token i drawn from draft_probs[i] (a Dist, or a probability vector over the vocabulary).
+    target_probs(i): the target's filtered distribution at row i, asked for lazily (rows past the first rejection
+    are never needed). Only p(x) and q(x) are read per row; the residual is built once, at a rejection, over p's
+    support (a sparse p never touches the vocabulary). Returns (n_accepted, next_token).
     """
     k = len(draft_tokens)
     for i in range(k):
         x = int(draft_tokens[i])
-        p = target_probs(i)
-        q = draft_probs[i]
+        p, q = as_dist(target_probs(i)), as_dist(draft_probs[i])
         # accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q
-        if rng.random() * q[x] < p[x]:
+        if rng.random() * q.prob(x) < p.prob(x):
             continue
-        # rejected: draw from the residual normalize(max(0, p - q))
-        residual = np.subtract(p, q, out=q)  # q's row is not needed again: reuse it
-        np.maximum(residual, 0.0, out=residual)
-        if residual.sum(dtype=np.float64) <= 0.0:  # p == q up to rounding: the residual is p itself
-            residual = p
-        return i, sample_from(residual, rng)
-    return k, sample_from(target_probs(k), rng)
+        return i, sample(residual(p, q), rng)
+    return k, sample(as_dist(target_probs(k)), rng)
+
+
+def residual(p: Dist, q: Dist) -> Dist:
+    """normalize(max(0, p - q)): nonzero only where p is, so it lives on p's support. When it vanishes (p == q up
+    to rounding) the residual is p itself."""
+    if p.ids is None:  # a dense target row: one pass over the vocabulary, once per step at most
+        r = np.multiply(p.weights, np.float32(1.0 / p.total), dtype=np.float32)
+        if q.ids is None:
+            n = min(len(q.weights), len(r))
+            r[:n] -= q.weights[:n] * np.float32(1.0 / q.total)
+        else:
+            inside = q.ids < len(r)
+            r[q.ids[inside]] -= q.weights[inside] / np.float32(q.total)  # ids are distinct: no accumulation needed
+    else:
+        r = p.weights / p.total - q.probs_at(p.ids)
+    np.maximum(r, 0.0, out=r)
+    out = Dist(p.ids, r)
+    if out.total <= 0.0:
+        return Dist(p.ids, p.weights, p.total)  # without p's draw: that belongs to the bonus token only
+    return out

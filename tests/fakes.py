@@ -96,6 +96,11 @@ class FakeContext:
         self.device_argmax = bool(on) and self.device_argmax_ok
         return self.device_argmax
 
+    prefers_device_sampling = False   # the numpy filters (a FakeDeviceContext filters "on the device")
+
+    def set_device_sampler(self, cfg, seed=0):
+        return False
+
     def keep(self, n):
         del self.tokens[n:]
         return True
@@ -108,6 +113,50 @@ class FakeContext:
 
     def close(self):
         pass
+
+
+class FakeDeviceContext(FakeContext):
+    """A FakeContext that "filters on the device": eval_dists applies the reference rule (filtered_probs) to each
+    row and draws from it with its own random stream, the way llama.cpp's sampler chain does."""
+
+    prefers_device_sampling = True
+
+    def __init__(self, model: FakeModel, n_ctx: int = 256, can_sample: bool = True):
+        super().__init__(model, n_ctx)
+        self.can_sample = can_sample
+        self.sampler = None           # the SamplerConfig attached
+        self.dist_evals = 0
+
+    def set_device_sampler(self, cfg, seed=0):
+        self.sampler = cfg if cfg is not None and self.can_sample else None
+        self._draws = np.random.default_rng(seed)
+        return self.sampler is not None
+
+    def eval(self, tokens, logits="last"):
+        if logits != "none":
+            self.sampler = None       # as llama.cpp's: a logits eval detaches the chain
+        return super().eval(tokens, logits)
+
+    def eval_dists(self, tokens, rows="last"):
+        from llamaspec.sampling import Dist, filtered_probs
+
+        assert self.sampler is not None, "eval_dists without a device sampler"
+        cfg = self.sampler
+        out = []
+        for row in super().eval(tokens, logits=rows):
+            p = filtered_probs(row, cfg)
+            ids = np.flatnonzero(p)
+            out.append(Dist(ids, p[ids], 1.0, draw=int(self._draws.choice(ids, p=p[ids] / p[ids].sum()))))
+        self.dist_evals += 1
+        return out
+
+
+def fake_device_pair(disagree: float = 0.0, policy=None, n_ctx: int = 256, draft_can_sample: bool = True,
+                     **kw) -> Pair:
+    target = FakeModel(**kw)
+    draft = FakeModel(disagree=disagree, salt=3, **kw)
+    drafter = make_drafter("model", target, FakeDeviceContext(draft, n_ctx, can_sample=draft_can_sample))
+    return Pair(target, FakeDeviceContext(target, n_ctx), drafter, policy)
 
 
 def fake_pair(disagree: float = 0.0, policy=None, n_ctx: int = 256, drafter: str = "model", **kw) -> Pair:

@@ -6,8 +6,11 @@ cache reuse, lossless output), never the text itself.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -120,6 +123,55 @@ def test_unreadable_prompt_file_is_one_line_error(tiny_models, tmp_path):
     assert_one_line_error(invoke(["run", *pair_args(tiny_models), "-f", bad]), "binary.txt")
 
 
+def test_stdin_that_is_not_utf8_is_one_line_error_naming_the_byte(tiny_models):
+    result = invoke(["run", "-m", tiny_models["target"], "-n", "1", "-"], input=b"hi \xff\n")
+    assert_one_line_error(result, "stdin: not valid UTF-8: byte 0xff at offset 3", code=1)
+
+
+def test_prompt_file_that_is_not_utf8_names_the_byte(tiny_models, tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\u00e9 ok".encode("latin-1"))
+    result = invoke(["run", "-m", tiny_models["target"], "-n", "1", "-f", bad])
+    assert_one_line_error(result, "latin1.txt: not valid UTF-8: byte 0xe9 at offset 3", code=1)
+
+
+@pytest.mark.parametrize("where", [[], ["--system"], ["--stop"]])
+@pytest.mark.parametrize("text, fragment", [("hi \udcff", "byte 0xff at offset 3"),  # argv's undecodable byte
+                                            ("x\ud800y", "lone surrogate U+D800 at offset 1")])
+def test_argument_text_that_is_not_utf8_is_one_line_usage_error(tiny_models, where, text, fragment):
+    args = [*where, text] + (["hi"] if where else [])
+    result = invoke(["run", "-m", tiny_models["target"], "-n", "1", *args])
+    assert_one_line_error(result, "not valid UTF-8", fragment, code=2)
+
+
+def test_undecodable_argv_bytes_are_one_line_usage_error(tiny_models):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    result = subprocess.run([sys.executable, "-m", "llamaspec", "run", "-m", str(tiny_models["target"]), "-n", "1",
+                             b"hi \xff"], capture_output=True, env=env, timeout=300)
+    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "byte 0xff at offset 3" in lines[0]
+
+
+def test_run_help_says_what_it_does_with_input_that_is_not_utf8():
+    assert "UTF-8" in invoke(["run", "--help"]).stdout
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+    ("{{ 9**99999 }}", "9 ** 99999"),
+    ("{{ 'x' * 10**9 }}", "1,000,000,000 items"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
+    ("{{ messages[0].content.nope() }}", "has no attribute 'nope'"),
+])
+def test_chat_template_that_fails_is_one_line_error(template, fragment, tmp_path):
+    from gguf_crafted import STRING, tiny_llama
+
+    model = tiny_llama().set("tokenizer.chat_template", STRING, template).write(tmp_path / "templated.gguf")
+    result = invoke(["run", "-m", model, "--chat", "-n", "1", "hi"])
+    assert_one_line_error(result, "chat template", fragment, code=1)
+
+
 def test_prompt_longer_than_context_is_one_line_error(tiny_models):
     result = invoke(["run", "-m", tiny_models["target"], "-c", "256", "word " * 400])
     assert_one_line_error(result, "context", code=1)
@@ -191,6 +243,13 @@ def test_chat_slash_commands_change_settings_and_save_json(tiny_models, tmp_path
 def test_chat_end_of_input_exits_cleanly(tiny_models):
     result = invoke(["chat", *pair_args(tiny_models)], input="")
     assert result.exit_code == 0 and not result.stderr.strip()
+
+
+def test_chat_message_that_is_not_utf8_is_refused_and_the_session_goes_on(tiny_models):
+    result = invoke(["chat", "-m", tiny_models["target"], *N_CTX, "-n", "2"], input=b"hi \xff\nhello\n")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("error: ") == 1 and "not valid UTF-8 (byte 0xff" in result.stderr
+    assert "2 tokens" in result.stdout  # the next message got its reply
 
 
 def test_chat_reply_that_fills_the_context_says_so_and_offers_reset(tiny_models):
@@ -297,6 +356,31 @@ def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
     assert lines[1].startswith("plain,") and lines[2].startswith("k=2,fixed,2,")
 
 
+def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_models, prompt_file):
+    args = ["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "6", "--k", "2",
+            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup"]
+    result = invoke(args + ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["temperatures"] == [0.0, 0.8, 1.5] and data["sampler"]["top_k"] == 20
+    assert [(r["temperature"], r["mode"]) for r in data["results"]] == [
+        (t, m) for t in (0.0, 0.8, 1.5) for m in ("plain", "k=2")]
+    for r in data["results"]:
+        assert r["tokens"] == 12 and (r["same_output"] is None) == (r["temperature"] > 0)
+        if r["mode"] == "plain":
+            assert r["speedup"] == 1.0  # against plain decoding at the same temperature
+    table = invoke(args)
+    assert table.exit_code == 0, table.output
+    assert "temperatures 0, 0.8, 1.5" in table.stdout and "top_k 20" in table.stdout
+    assert re.search(r"^temp\s+mode\s", table.stdout, re.M)
+    assert re.search(r"^0\.8\s+k=2\s+2\s", table.stdout, re.M) and re.search(r"^1\.5\s+plain\s", table.stdout, re.M)
+
+
+def test_bench_bad_temperature_list_is_one_line_error(tiny_models):
+    assert_one_line_error(invoke(["bench", *pair_args(tiny_models), "--temps", "0,hot"]), "--temps", code=1)
+    assert_one_line_error(invoke(["bench", *pair_args(tiny_models), "--temps", "0.8,-1"]), "--temps", code=1)
+
+
 def test_builtin_prompt_sets_have_six_to_ten_prompts():
     assert set(PROMPT_SETS) == {"code", "prose", "grounded"}
     for name, prompts in PROMPT_SETS.items():
@@ -330,6 +414,11 @@ def test_bench_plot_writes_a_png(tiny_models, prompt_file, tmp_path):
                      "--policies", "auto", "--no-warmup", "--plot", out])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep = tmp_path / "sweep.png"  # against temperature
+    result = invoke(["bench", *pair_args(tiny_models), "--prompts", prompt_file, "-n", "4", "--k", "2",
+                     "--temps", "0,1", "--no-warmup", "--plot", sweep])
+    assert result.exit_code == 0, result.output
+    assert sweep.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,6 +450,11 @@ def test_check_small_gpu_lists_options_that_fit(tiny_models):
 
 def test_check_missing_model_is_one_line_error(tmp_path):
     assert_one_line_error(invoke(["check", tmp_path / "missing.gguf"]), "missing.gguf", code=1)
+
+
+@pytest.mark.parametrize("vram", ["nan", "inf", "-inf", "1e400"])
+def test_check_vram_that_is_not_a_finite_number_is_one_line_usage_error(tiny_models, vram):
+    assert_one_line_error(invoke(["check", tiny_models["target"], "--vram", vram]), "--vram", code=2)
 
 
 def test_kv_bytes_per_element_follow_ggml_block_sizes():

@@ -2,11 +2,13 @@
 import numpy as np
 import pytest
 
-from fakes import FakeContext, FakeModel, fake_pair, plain_pair
+from chisq import assert_follows
+from fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pair
 from llamaspec.drafters import make_drafter
 from llamaspec.engine import Pair, StopMatcher
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
 from llamaspec.policy import FixedPolicy, ThresholdPolicy
+from llamaspec.sampling import SamplerConfig, filtered_probs
 
 PROMPT = [5, 9, 11, 3]
 
@@ -189,3 +191,43 @@ def test_prompt_lookup_keeps_its_buffer_in_step_with_the_history():
     other = [1, 2, 3, 1, 2]
     assert d.propose(other, 3, 4, 0.0).tokens == [1, 2, 3]  # [1, 2, 3, 1, 2, 3]: continue the repeat
     assert d.propose(other, 9, 4, 0.0).tokens == []
+
+
+# -- sampling with the filters on the device (FakeDeviceContext stands in for llama.cpp's sampler chains) -------
+def test_device_sampling_serves_draft_and_target_together():
+    pair = fake_device_pair(0.3, FixedPolicy(3), sharpness=2.0)
+    c = pair.generate(PROMPT, max_tokens=30, temperature=1.0, top_k=8, seed=1)
+    assert c.stats.drafted > 0
+    assert pair.target_ctx.dist_evals == c.stats.target_passes  # every verification read device rows
+    assert pair.draft_ctx.dist_evals == c.stats.drafted  # each draft token is the device's draw (no early stop)
+
+
+def test_device_sampling_is_all_or_nothing():
+    """A draft context that cannot filter on the device: neither does the target (one rule for both)."""
+    pair = fake_device_pair(0.3, FixedPolicy(3), draft_can_sample=False, sharpness=2.0)
+    c = pair.generate(PROMPT, max_tokens=20, temperature=1.0, top_k=8, seed=1)
+    assert c.stats.drafted > 0
+    assert pair.target_ctx.dist_evals == 0 and pair.target_ctx.sampler is None
+
+
+def _first_token_counts(pair, cfg: SamplerConfig, n: int) -> np.ndarray:
+    counts = np.zeros(pair.n_vocab)
+    for seed in range(n):
+        c = pair.generate(PROMPT, max_tokens=2, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                          min_p=cfg.min_p, seed=seed)
+        counts[c.tokens[0]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("device", [True, False])
+def test_sampled_speculation_keeps_the_target_distribution(device):
+    """The first token after PROMPT, drafted by a draft that disagrees often, follows the target's filtered
+    distribution, with the filters on the device and with numpy's."""
+    cfg = SamplerConfig(temperature=1.3, top_k=12, top_p=0.97)
+    make = fake_device_pair if device else fake_pair
+    pair = make(0.6, FixedPolicy(2), sharpness=1.5)
+    counts = _first_token_counts(pair, cfg, 3000)
+    assert pair.last_stats.drafted > 0
+    assert (getattr(pair.target_ctx, "dist_evals", 0) >= 3000) == device  # every verification used its path
+    p = filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64)
+    assert_follows(counts, p)

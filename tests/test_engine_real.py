@@ -5,6 +5,7 @@ Skipped with a reason when LLAMASPEC_TEST_MODELS does not point at the files mad
 import numpy as np
 import pytest
 
+from chisq import assert_follows
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
 from llamaspec import load_pair
 from llamaspec.drafters import common_prefix_len
@@ -81,27 +82,15 @@ def test_auto_policy_output_equals_plain_decoding(real_pair):
     assert real_pair.generate(CODE_PROMPTS[0], max_tokens=96).tokens == plain.tokens
 
 
-# chi-square critical values at p = 0.001, by degrees of freedom
-CHI2_CRIT_0001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88,
-                  10: 29.59, 11: 31.26, 12: 32.91}
-
-
-def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    """Pearson's statistic over bins with expected count >= 5 (the rest pooled into one bin)."""
-    n = counts.sum()
-    expected = probs * n
-    big = expected >= 5
-    obs = list(counts[big]) + [counts[~big].sum()]
-    exp = list(expected[big]) + [expected[~big].sum()]
-    obs, exp = np.array(obs), np.array(exp)
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    return stat, int(keep.sum()) - 1
-
-
-@pytest.mark.parametrize("prompt", ["The best thing about summer is", "def add(a, b):\n    return"])
-def test_sampled_next_token_follows_the_target_distribution(real_pair, prompt):
-    cfg = SamplerConfig(temperature=1.0, top_k=12)
+@pytest.mark.parametrize("device", ["0", "1"], ids=["numpy", "device"])
+@pytest.mark.parametrize("prompt, cfg", [
+    ("The best thing about summer is", SamplerConfig(temperature=1.0, top_k=12)),
+    ("def add(a, b):\n    return", SamplerConfig(temperature=1.0, top_k=12)),
+    ("The best thing about summer is", SamplerConfig(temperature=0.8, top_p=0.95)),
+], ids=["prose-top_k", "code-top_k", "prose-top_p"])
+def test_sampled_next_token_follows_the_target_distribution(real_pair, prompt, cfg, device, monkeypatch):
+    """Filters in numpy, and on the device (llama.cpp's sampler chains, run by its CPU backend here)."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", device)
     tokens = real_pair.tokenize(prompt)
     p = filtered_probs(target_logits_after(real_pair, tokens), cfg).astype(np.float64)
     real_pair.set_policy(FixedPolicy(3))
@@ -109,15 +98,14 @@ def test_sampled_next_token_follows_the_target_distribution(real_pair, prompt):
     counts = np.zeros(len(p))
     drafted = accepted = 0
     for seed in range(n_samples):
-        c = real_pair.generate(tokens, max_tokens=3, temperature=1.0, top_k=12, seed=seed)
+        c = real_pair.generate(tokens, max_tokens=3, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                               seed=seed)
         counts[c.tokens[0]] += 1
         drafted += c.stats.drafted
         accepted += c.stats.accepted
+    assert real_pair.target_ctx.device_sampler == (device == "1")
     assert drafted > 0 and accepted > 0  # the draft's tokens were really used
-    assert counts[p == 0].sum() == 0     # nothing outside the target's top-k
-    stat, dof = chi_square(counts, p)
-    assert dof >= 1
-    assert stat < CHI2_CRIT_0001[dof], f"chi2={stat:.1f} with {dof} dof"
+    assert_follows(counts, p)            # nothing outside the target's kept set; chi-square at the 0.1% level
 
 
 @pytest.mark.parametrize("other, field", [(REAL_SMOLLM, "pre-tokenizer"), (REAL_GEMMA, "vocabulary type")])

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from arch_models import make_arch_model
 from mtp_models import make_mtp_model
-from test_engine_real import CHI2_CRIT_0001, chi_square
+from chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.backend import Context
@@ -322,7 +322,8 @@ def test_spec_type_names_map_onto_drafter_kinds():
         ["mtp", "model", "lookup", None]
     assert spec_type_drafter("draft-mtp,ngram-simple") == spec_type_drafter("ngram-simple,draft-mtp") == "lookup+mtp"
     assert spec_type_drafter("ngram-simple,draft-simple") == "lookup+model"
-    for bad, says in (("draft-eagle3", "does not have"), ("draft-mtp,draft-simple", "one drafter"), ("x", "choose")):
+    assert [spec_type_drafter(v) for v in ("draft-eagle3", "draft-dflash")] == ["eagle3", "dflash"]
+    for bad, says in (("draft-dspark", "does not have"), ("draft-mtp,draft-simple", "one drafter"), ("x", "choose")):
         with pytest.raises(click.BadParameter, match=says):
             spec_type_drafter(bad)
     assert chosen_drafter({"spec_type": "none"}) == (None, True)

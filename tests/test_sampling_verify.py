@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from llamaspec.errors import InvalidParameterError
-from llamaspec.sampling import SamplerConfig, filtered_probs, max_prob, sample_from
-from llamaspec.verify import accept_greedy, accept_rejection
+from llamaspec.sampling import Dist, SamplerConfig, filter_logits, filtered_probs, max_prob, sample, sample_from
+from llamaspec.verify import accept_greedy, accept_rejection, residual
 
 
 def test_greedy_accepts_the_matching_prefix_then_the_targets_token():
@@ -116,3 +116,99 @@ def test_rejection_accepts_everything_when_draft_equals_target():
         drafts = np.array([sample_from(p, rng) for _ in range(3)])
         n_acc, _ = accept_rejection(drafts, np.stack([p, p, p]), lambda i: p, rng)
         assert n_acc == 3
+
+
+# -- the fast filters and sparse distributions ----------------------------------------------------------------
+SETTINGS = [dict(), dict(top_k=1), dict(top_k=40), dict(top_k=3000), dict(top_p=0.95), dict(top_p=0.5),
+            dict(min_p=0.05), dict(min_p=0.3), dict(top_k=40, top_p=0.95, min_p=0.05), dict(top_p=0.9, min_p=0.1),
+            dict(top_k=200, min_p=0.02)]
+
+
+def _rows(n_vocab=151_936, seed=0):
+    """Logits rows from peaked (a few standout tokens) to nearly flat."""
+    rng = np.random.default_rng(seed)
+    for scale in (0.2, 1.0, 3.0, 6.0):
+        row = (rng.standard_normal(n_vocab) * scale).astype(np.float32)
+        row[rng.integers(0, n_vocab, 6)] += rng.uniform(0, 14, 6).astype(np.float32)
+        yield row
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "temp")
+@pytest.mark.parametrize("temperature", [0.4, 0.8, 1.5])
+def test_filter_logits_follows_the_reference_rule(settings, temperature):
+    cfg = SamplerConfig(temperature=temperature, **settings)
+    for row in _rows():
+        before = row.copy()
+        ref = filtered_probs(row, cfg)
+        got = filter_logits(row, cfg)
+        np.testing.assert_array_equal(row, before)  # logits are read, never written
+        dense = got.dense(len(row))
+        assert np.count_nonzero(dense) == np.count_nonzero(ref)
+        np.testing.assert_allclose(dense, ref, atol=2e-7, rtol=1e-4)
+        assert got.ids is not None or not settings  # only temperature alone comes back dense
+        assert got.max_prob() == pytest.approx(ref.max(), rel=1e-5)
+
+
+def test_top_k_of_a_flat_row_keeps_exactly_k():
+    row = np.full(50_000, 0.5, dtype=np.float32)
+    row[::7] += 1e-3
+    d = filter_logits(row, SamplerConfig(temperature=1.0, top_k=25))
+    assert len(d.ids) == 25 and np.all(row[d.ids] == row.max())
+
+
+def test_dist_probabilities_dense_sparse_and_past_a_short_vocabulary():
+    dense = Dist(None, np.array([1.0, 3.0], dtype=np.float32))    # a draft vocabulary of 2, target's is larger
+    assert dense.prob(1) == pytest.approx(0.75) and dense.prob(5) == 0.0
+    sparse = Dist(np.array([7, 2]), np.array([0.2, 0.6], dtype=np.float32))
+    assert sparse.prob(2) == pytest.approx(0.75) and sparse.prob(3) == 0.0
+    np.testing.assert_allclose(sparse.probs_at(np.array([2, 9, 7])), [0.75, 0.0, 0.25])
+    np.testing.assert_allclose(dense.probs_at(np.array([1, 9])), [0.75, 0.0])
+
+
+def test_sample_uses_a_dists_own_draw_once():
+    rng = np.random.default_rng(0)
+    d = Dist(np.array([4, 8]), np.array([0.5, 0.5], dtype=np.float32), 1.0, draw=8)
+    assert sample(d, rng) == 8 and d.draw == -1
+    assert {sample(Dist(np.array([4, 8]), np.array([0.5, 0.5]), 1.0), rng) for _ in range(50)} == {4, 8}
+    outside = Dist(np.array([4, 8]), np.array([1.0, 0.0], dtype=np.float32), 1.0, draw=8)  # a draw of no mass
+    assert sample(outside, rng) == 4
+
+
+def test_sparse_sampling_follows_the_distribution():
+    rng = np.random.default_rng(1)
+    d = Dist(np.array([900, 3, 70_000]), np.array([0.2, 0.0, 0.6], dtype=np.float32))
+    draws = np.array([sample(d, rng) for _ in range(20000)])
+    assert set(draws.tolist()) == {900, 70_000}
+    assert abs(np.mean(draws == 900) - 0.25) < 0.012
+
+
+def test_residual_lives_on_the_targets_support():
+    p = Dist(np.array([1, 5, 9]), np.array([0.5, 0.3, 0.2], dtype=np.float32))
+    q = Dist(np.array([5, 9, 12]), np.array([0.1, 0.4, 0.5], dtype=np.float32))
+    r = residual(p, q)
+    np.testing.assert_allclose(r.dense(13), np.array([0, 0.5, 0, 0, 0, 0.2, 0, 0, 0, 0, 0, 0, 0]) / 0.7, atol=1e-6)
+    same = residual(p, p)  # p == q: the residual vanishes and is p itself
+    np.testing.assert_allclose(same.dense(13), p.dense(13))
+
+
+def _dense(p, ids=None):
+    return Dist(None, np.asarray(p, dtype=np.float32)) if ids is None else \
+        Dist(np.asarray(ids), np.asarray(p, dtype=np.float32)[np.asarray(ids)])
+
+
+@pytest.mark.parametrize("p_sparse, q_sparse", [(True, True), (True, False), (False, True), (False, False)])
+def test_rejection_sampling_with_sparse_rows_keeps_the_target_distribution(p_sparse, q_sparse):
+    """Target and draft supports overlap only partly (the filters kept different tokens); every mix of dense and
+    sparse rows gives the target's distribution."""
+    p = np.array([0.0, 0.45, 0.3, 0.15, 0.1, 0.0], dtype=np.float32)
+    q = np.array([0.3, 0.1, 0.0, 0.2, 0.0, 0.4], dtype=np.float32)
+    p_row = _dense(p, np.flatnonzero(p)) if p_sparse else _dense(p)
+    q_row = _dense(q, np.flatnonzero(q)) if q_sparse else _dense(q)
+    rng = np.random.default_rng(5)
+    out = np.zeros(len(p))
+    n = 40000
+    for _ in range(n):
+        x = sample(q_row, rng)
+        n_acc, nxt = accept_rejection(np.array([x]), [q_row], lambda i: p_row, rng)
+        out[x if n_acc == 1 else nxt] += 1
+    np.testing.assert_allclose(out / n, p, atol=0.01)

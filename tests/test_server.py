@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
 
 REPO = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-key"
@@ -496,32 +497,60 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
     assert "# TYPE llamaspec_time_to_first_token_seconds histogram" in text
 
 
-def test_histogram_renders_cumulative_buckets_sum_and_count():
-    from llamaspec.server.metrics import Histogram
-
-    h = Histogram("t_seconds", "help", buckets=(0.1, 1.0))
-    for value in (0.05, 0.5, 0.7, 3.0):
-        h.observe(value)
-
-    lines = h.render()
-
-    assert lines[:2] == ["# HELP t_seconds help", "# TYPE t_seconds histogram"]
-    assert lines[2:] == ['t_seconds_bucket{le="0.1"} 1', 't_seconds_bucket{le="1"} 3', 't_seconds_bucket{le="+Inf"} 4',
-                         "t_seconds_sum 4.25", "t_seconds_count 4"]
+METRIC_NAMES = {  # the names dashboards know; prometheus_client must keep them
+    "llamaspec_requests_total", "llamaspec_generations_cancelled_total", "llamaspec_prompt_tokens_total",
+    "llamaspec_prompt_tokens_cached_total", "llamaspec_tokens_generated_total", "llamaspec_draft_tokens_total",
+    "llamaspec_draft_tokens_accepted_total", "llamaspec_target_passes_total", "llamaspec_acceptance_rate",
+    "llamaspec_mean_accepted_length", "llamaspec_draft_length", "llamaspec_queue_depth", "llamaspec_requests_running",
+    "llamaspec_time_to_first_token_seconds", "llamaspec_time_per_output_token_seconds", "llamaspec_queue_wait_seconds"}
 
 
-def test_counter_labels_are_escaped_and_checked():
-    from llamaspec.server.metrics import Counter
+def _samples(metrics) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
 
-    c = Counter("c_total", "help", ("endpoint",))
-    c.inc(endpoint='a"b\\c')
-    c.inc(2, endpoint='a"b\\c')
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
 
-    assert c.render()[-1] == 'c_total{endpoint="a\\"b\\\\c"} 3'
-    with pytest.raises(ValueError):
-        c.inc(status="200")
-    with pytest.raises(ValueError):
-        c.inc(-1, endpoint="x")
+
+def test_metrics_keep_their_names_and_render_cumulative_histograms():
+    from llamaspec.server.metrics import ServerMetrics
+    from llamaspec.stats import GenerationStats
+
+    metrics = ServerMetrics(lambda: {"fixed": 4}, lambda: (2, 1))
+    for ttft in (0.007, 0.3, 0.4, 100.0):
+        metrics.record_generation(GenerationStats(prompt_tokens=3, tokens_generated=2, target_passes=1, drafted=4,
+                                                  accepted=1, time_to_first_token=ttft, time_total=ttft + 0.01))
+
+    metrics.count_request("/health", 200)
+
+    samples = _samples(metrics)
+
+    for name in METRIC_NAMES:
+        assert any(sample == name or sample.startswith(name + "_") for sample, _ in samples), name
+    ttft = "llamaspec_time_to_first_token_seconds"
+    assert samples[(ttft + "_bucket", (("le", "0.01"),))] == 1
+    assert samples[(ttft + "_bucket", (("le", "0.5"),))] == 3
+    assert samples[(ttft + "_bucket", (("le", "60.0"),))] == 3
+    assert samples[(ttft + "_bucket", (("le", "+Inf"),))] == 4
+    assert samples[(ttft + "_count", ())] == 4 and samples[(ttft + "_sum", ())] == pytest.approx(100.707)
+    assert samples[("llamaspec_acceptance_rate", ())] == 0.25
+    assert samples[("llamaspec_mean_accepted_length", ())] == 2.0
+    assert samples[("llamaspec_draft_length", (("policy", "fixed"),))] == 4
+    assert samples[("llamaspec_queue_depth", ())] == 2 and samples[("llamaspec_requests_running", ())] == 1
+
+
+def test_request_counter_is_labelled_by_endpoint_and_status():
+    from llamaspec.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics(lambda: {}, lambda: (0, 0))
+    metrics.count_request("/v1/completions", 200)
+    metrics.count_request("/v1/completions", 200)
+    metrics.count_request("/v1/completions", 499)
+
+    samples = _samples(metrics)
+
+    assert samples[("llamaspec_requests_total", (("endpoint", "/v1/completions"), ("status", "200")))] == 2
+    assert samples[("llamaspec_requests_total", (("endpoint", "/v1/completions"), ("status", "499")))] == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

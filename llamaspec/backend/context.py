@@ -1,8 +1,11 @@
 """One sequence's cache over a model: decode a batch at explicit positions, hand back logits rows as zero-copy numpy
-views or device-side argmaxes, and keep the first n tokens (the one rollback operation)."""
+views, device-side argmaxes or device-side filtered distributions, and keep the first n tokens (the one rollback
+operation)."""
 from __future__ import annotations
 
+import bisect
 import ctypes
+import os
 import time
 from typing import Sequence
 
@@ -10,10 +13,11 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
+from ..sampling import Dist, SamplerConfig
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
-                     nextn_functions)
-from .rollback import NoRollback, Rollback, choose_rollback
+                     nextn_functions, supports_gpu_offload)
+from .rollback import NoRollback, Rollback, TailDrop, choose_rollback
 
 
 class Context:
@@ -27,15 +31,17 @@ class Context:
     `checkpoint(turn)` marks a position the memory may be asked to come back to.
 
     `on_decode(tokens, first_position)`, when set, runs after every llama_decode of this context (each chunk of a
-    long eval, every verification, every replay, every single token), while that decode's rows are still readable:
-    an MTP head follows the target through it (`hidden_rows`).
+    long eval, every verification, every replay, every single token), while that decode's rows are still readable: an MTP
+    head follows the target through it (`hidden_rows`), an EAGLE-3 / DFlash draft reads its layer inputs.
     """
 
     def __init__(self, model: Model, options: ModelConfig = ModelConfig()):
         self.model = model
         self.options = options
         self._ptr = None
-        self._argmax_sampler = None  # a greedy sampler chain attached to seq 0 (set_device_argmax)
+        self._chain = None           # a sampler chain attached to seq 0: greedy (set_device_argmax) or filtering
+        self._chain_kind = None      # (set_device_sampler): "argmax" or "sample"
+        self._sorted_rows = False    # "sample" chain with top-p and no top-k: each row's candidates come sorted
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = options.n_ctx
         params.n_batch = options.n_batch
@@ -141,8 +147,8 @@ class Context:
 
         Returns a (rows, n_vocab) float32 view (rows = 1 for 'last', len(tokens) for 'all'), or None.
         """
-        if logits != "none" and self._argmax_sampler is not None:
-            self.set_device_argmax(False)  # logits wanted: llama.cpp must copy them out again
+        if logits != "none" and self._chain is not None:
+            self._detach_chain()  # logits wanted: llama.cpp must copy them out again
         if len(tokens) == 1 and logits != "none" and not self.n_pending:
             return self._eval_one(int(tokens[0]))
         ptr = self._decode(tokens, logits)
@@ -155,7 +161,9 @@ class Context:
         decoding's only need. With `set_device_argmax(True)` llama.cpp takes the argmax on the device and no
         logits are copied; otherwise numpy takes it from the logits."""
         one = len(tokens) == 1 and not self.n_pending
-        if self._argmax_sampler is None:
+        if self._chain_kind != "argmax":
+            if self._chain is not None:
+                self._detach_chain()
             if one:
                 return [int(self._eval_one(int(tokens[0]))[0].argmax())]
             return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
@@ -175,29 +183,126 @@ class Context:
         """Attach (or detach) a greedy sampler to the sequence so llama.cpp takes each output row's argmax on the
         device (its backend sampling). Returns whether it is attached: builds or devices that cannot run it keep
         the logits path. Any eval that asks for logits detaches it."""
-        if on == (self._argmax_sampler is not None):
+        if on == (self._chain_kind == "argmax"):
             return on
-        if on:
-            if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
-                return False
-            chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-            with native_log():
-                ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
-            if not ok:
-                llama_cpp.llama_set_sampler(self._ptr, 0, None)
-                llama_cpp.llama_sampler_free(chain)
-                return False
-            self._argmax_sampler = chain
-            return True
-        llama_cpp.llama_set_sampler(self._ptr, 0, None)
-        llama_cpp.llama_sampler_free(self._argmax_sampler)
-        self._argmax_sampler = None
-        return False
+        if not on:
+            self._detach_chain()
+            return False
+        if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
+            return False
+        return self._attach_chain([llama_cpp.llama_sampler_init_greedy()], "argmax")
 
     @property
     def device_argmax(self) -> bool:
-        return self._argmax_sampler is not None
+        return self._chain_kind == "argmax"
+
+    # -- filtered distributions on the device ------------------------------------------------------------------
+    @property
+    def prefers_device_sampling(self) -> bool:
+        """Whether sampling filters should run in llama.cpp's graph: when the output layer runs on a GPU. On the
+        CPU backend numpy's filters cost less (top-p alone sorts the whole vocabulary there). The environment
+        variable LLAMASPEC_DEVICE_SAMPLING=1 or 0 forces it on or off."""
+        if not isinstance(self.rollback, TailDrop):
+            # a recurrent memory restores and replays tokens; the device sampler's output rows have not been
+            # checked against replayed batches (an M-RoPE position error on a qwen35 target): numpy filters there
+            return False
+        forced = os.environ.get("LLAMASPEC_DEVICE_SAMPLING", "").strip().lower()
+        if forced in ("1", "on", "true", "yes", "0", "off", "false", "no"):
+            return forced in ("1", "on", "true", "yes")
+        o = self.model.options
+        return supports_gpu_offload() and o.devices != () and \
+            (o.n_gpu_layers < 0 or o.n_gpu_layers > self.model.info.n_layer)
+
+    def set_device_sampler(self, cfg: SamplerConfig | None, seed: int = 0) -> bool:
+        """Attach a chain [temp, top-k, top-p, min-p, dist(seed)] (only the filters cfg turns on) so that llama.cpp
+        filters every output row on the device and draws a token from it; `eval_dists` reads the results. None
+        detaches. Returns whether it is attached: every sampler must run in the graph (a build or device that
+        cannot keeps nothing attached, and the caller filters logits with numpy instead)."""
+        self._detach_chain()
+        if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
+            return False
+        samplers = [llama_cpp.llama_sampler_init_temp(cfg.temperature)]
+        top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
+        if top_k:
+            samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
+        if cfg.top_p < 1.0:
+            samplers.append(llama_cpp.llama_sampler_init_top_p(cfg.top_p, 1))
+        if cfg.min_p > 0.0:
+            samplers.append(llama_cpp.llama_sampler_init_min_p(cfg.min_p, 1))
+        samplers.append(llama_cpp.llama_sampler_init_dist(seed & 0x7FFFFFFF))
+        self._sorted_rows = cfg.top_p < 1.0 and not top_k  # top-p sorts the vocabulary: the kept ids come first
+        return self._attach_chain(samplers, "sample")
+
+    @property
+    def device_sampler(self) -> bool:
+        return self._chain_kind == "sample"
+
+    def eval_dists(self, tokens: Sequence[int], rows: str = "last") -> list[Dist]:
+        """Decode `tokens` with the chain of `set_device_sampler` attached: the filtered distribution of the last
+        row ('last') or of every row ('all'), each with the device's draw. The weights are views into llama.cpp's
+        buffers, valid until the next decode: `Dist.copy` what must outlive it."""
+        if self._chain_kind != "sample":
+            raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
+        if len(tokens) == 1:
+            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+        else:
+            self._decode(tokens, rows)
+        out = [self._sampled_dist(i) for i in (range(len(tokens)) if rows == "all" and len(tokens) > 1 else (-1,))]
+        # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
+        # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
+        for _ in out:
+            llama_cpp.llama_sampler_accept(self._chain, 0)
+        return out
+
+    def _sampled_dist(self, i: int) -> Dist:
+        ctx = self._ptr
+        n_probs = llama_cpp.llama_get_sampled_probs_count_ith(ctx, i)
+        token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
+        if n_probs == 0 or token < 0:
+            raise DecodeError("llama.cpp returned no sampled distribution for an output row")
+        probs = self._array_view(llama_cpp.llama_get_sampled_probs_ith(ctx, i), n_probs)
+        n_ids = llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i)
+        if not n_ids:
+            return Dist(None, probs, 1.0, draw=token)  # every id, in id order
+        ids = self._array_view(llama_cpp.llama_get_sampled_candidates_ith(ctx, i), n_ids)
+        if self._sorted_rows:  # sorted by probability, top-p's and min-p's cuts are zeros at the end
+            n_kept = bisect.bisect_left(probs, True, key=_is_zero)
+            ids, probs = ids[:n_kept], probs[:n_kept]
+        return Dist(ids, probs, 1.0, draw=token)
+
+    def _array_view(self, ptr, n: int) -> np.ndarray:
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n, type(ptr))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n,))
+        return view
+
+    def _attach_chain(self, samplers: list, kind: str) -> bool:
+        self._detach_chain()
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        for sampler in samplers:
+            llama_cpp.llama_sampler_chain_add(chain, sampler)
+        with native_log():
+            ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
+        # llama.cpp attaches a chain even when only a prefix of it can run in the graph (the rest would be left
+        # for the host); after attaching, each sampler that runs there is named with a leading '+' ('?': a no-op,
+        # such as temperature 1)
+        names = [llama_cpp.llama_sampler_name(llama_cpp.llama_sampler_chain_get(chain, i)) or b""
+                 for i in range(llama_cpp.llama_sampler_chain_n(chain))]
+        if not ok or not all(name[:1] in (b"+", b"?") for name in names):
+            llama_cpp.llama_set_sampler(self._ptr, 0, None)
+            llama_cpp.llama_sampler_free(chain)
+            return False
+        self._chain, self._chain_kind = chain, kind
+        return True
+
+    def _detach_chain(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_set_sampler(self._ptr, 0, None)
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = self._chain_kind = None
 
     def _decode(self, tokens: Sequence[int], logits: str):
         """Decode in chunks of n_batch; outputs: every row ('all'), the last row ('last') or none. Returns
@@ -241,7 +346,7 @@ class Context:
             t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self._ptr, self._batch)
             if rc == 0 and last_chunk and logits != "none":
-                if self._argmax_sampler is None:
+                if self._chain is None:
                     ptr = llama_cpp.llama_get_logits(self._ptr)  # synchronises with the device
                 else:
                     llama_cpp.llama_synchronize(self._ptr)
@@ -368,8 +473,7 @@ class Context:
 
     def close(self) -> None:
         if self._ptr is not None:
-            if self._argmax_sampler is not None:
-                self.set_device_argmax(False)
+            self._detach_chain()
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
@@ -380,3 +484,6 @@ class Context:
         except Exception:
             pass
 
+
+def _is_zero(p) -> bool:
+    return p <= 0.0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -13,6 +14,21 @@ from ..errors import ModelLoadError
 from ..gguf.reader import ModelInfo, read_model_info
 from .devices import _device_list, add_rpc_servers, devices
 from .native import SPLIT_MODES, init_backend, llama_cpp, load_error, native_log
+
+_VOCAB_KINDS = {"LLAMA_VOCAB_TYPE_SPM": "spm", "LLAMA_VOCAB_TYPE_BPE": "bpe", "LLAMA_VOCAB_TYPE_WPM": "wpm",
+                "LLAMA_VOCAB_TYPE_UGM": "ugm", "LLAMA_VOCAB_TYPE_RWKV": "rwkv", "LLAMA_VOCAB_TYPE_PLAMO2": "plamo2"}
+
+
+@dataclass(frozen=True)
+class SpecialToken:
+    """A token llama.cpp's tokenizer matches as a whole string before it tokenizes the text around it."""
+
+    id: int
+    text: bytes
+    control: bool   # a control or unknown token: matched only when special tokens are parsed
+    lstrip: bool    # eats the whitespace on its left
+    rstrip: bool    # eats the whitespace on its right
+
 
 class Model:
     """A loaded GGUF model: weights, vocabulary and tokenizer."""
@@ -107,6 +123,37 @@ class Model:
             piece = self._piece_buf.raw[:n]
             self._piece_cache[token] = piece
         return piece
+
+    @property
+    def vocab_kind(self) -> str:
+        """The tokenizer family: spm, bpe, wpm, ugm, rwkv, plamo2 (or none)."""
+        kind = llama_cpp.llama_vocab_type(self.vocab)
+        return next((name for attr, name in _VOCAB_KINDS.items() if getattr(llama_cpp, attr, None) == kind), "none")
+
+    def special_tokens(self) -> list[SpecialToken]:
+        """Control, unknown and user-defined tokens, as llama.cpp's tokenizer partitions text by them."""
+        A = llama_cpp
+        control = A.LLAMA_TOKEN_ATTR_CONTROL | A.LLAMA_TOKEN_ATTR_UNKNOWN
+        found = []
+        for tok in range(self.n_vocab):
+            attr = A.llama_vocab_get_attr(self.vocab, tok)
+            if attr & (control | A.LLAMA_TOKEN_ATTR_USER_DEFINED):
+                text = A.llama_vocab_get_text(self.vocab, tok) or b""
+                found.append(SpecialToken(tok, text, bool(attr & control), bool(attr & A.LLAMA_TOKEN_ATTR_LSTRIP),
+                                          bool(attr & A.LLAMA_TOKEN_ATTR_RSTRIP)))
+        return found
+
+    def max_piece_bytes(self) -> int:
+        """The most bytes of text one token stands for, control and unknown tokens aside."""
+        A = llama_cpp
+        skip = A.LLAMA_TOKEN_ATTR_CONTROL | A.LLAMA_TOKEN_ATTR_UNKNOWN
+        buf = ctypes.create_string_buffer(1024)
+        longest = 1
+        for tok in range(self.n_vocab):
+            if not A.llama_vocab_get_attr(self.vocab, tok) & skip:
+                n = A.llama_token_to_piece(self.vocab, tok, buf, len(buf), 0, False)
+                longest = max(longest, n if n >= 0 else -n)
+        return longest
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")

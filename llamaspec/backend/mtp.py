@@ -122,8 +122,8 @@ class MTPContext(Context):
             raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
         if self.n_past + n > self.n_ctx:
             raise ContextOverflowError(f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
-        if output == "logits" and self._argmax_sampler is not None:
-            self.set_device_argmax(False)
+        if output == "logits" and self._chain is not None:
+            self._detach_chain()
         start = self.n_past
         if n == 1:
             self._pair_tok[0] = tokens[0]
@@ -140,7 +140,7 @@ class MTPContext(Context):
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
         if rc == 0 and output:
-            if self._argmax_sampler is None:
+            if self._chain_kind != "argmax":
                 self._logits_ptr = llama_cpp.llama_get_logits(self._ptr)  # waits for the device
             else:
                 llama_cpp.llama_synchronize(self._ptr)

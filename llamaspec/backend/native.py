@@ -92,13 +92,16 @@ def native_log():
 
 _OOM_PATTERN = re.compile(r"out of memory|failed to allocate|cudaMalloc failed|ErrorOutOfDeviceMemory|"
                           r"unable to allocate", re.IGNORECASE)
+_LOAD_REASON = re.compile(r"error loading model: (.+)")
 
 
 def load_error(log: str, what: str, oom_hint: str) -> ModelLoadError:
     if _OOM_PATTERN.search(log):
         return GPUOutOfMemoryError(f"{what}: out of memory; {oom_hint}")
+    reasons = _LOAD_REASON.findall(log)  # llama.cpp's own reason, before its generic "failed to load model"
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    return ModelLoadError(f"{what} ({lines[-1] if lines else 'no details from llama.cpp'})")
+    detail = " ".join(reasons[-1].split()) if reasons else lines[-1] if lines else "no details from llama.cpp"
+    return ModelLoadError(f"{what} ({detail})")
 
 
 # ---------------------------------------------------------------------------------------------------------------

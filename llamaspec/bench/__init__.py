@@ -3,10 +3,12 @@
 Plain decoding is the pair with FixedPolicy(0), so one load serves every mode. Prompts are the outer loop and
 modes the inner one: each prompt is prefilled once and the modes after the first reuse its KV cache, so the
 comparison is of decoding speed (tokens / seconds after the prompt). Each mode keeps one policy object for the
-whole run, as a chat session would. Returns dataclasses; printing is the caller's business.
+whole run at one temperature, as a chat session would; a sweep over temperatures repeats the run at each, with
+speedups against plain decoding at the same temperature. Returns dataclasses; printing is the caller's business.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -56,6 +58,17 @@ def parse_k_list(text: str) -> list[int]:
     return list(dict.fromkeys(ks))
 
 
+def parse_temperature_list(text: str) -> list[float]:
+    """'0,0.5,0.8,1.0' -> [0.0, 0.5, 0.8, 1.0]."""
+    try:
+        temps = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidParameterError(f"--temps takes temperatures like 0,0.5,0.8,1.0; got {text!r}") from None
+    if not temps or any(not math.isfinite(t) or t < 0 for t in temps):
+        raise InvalidParameterError(f"--temps takes temperatures >= 0 like 0,0.5,0.8,1.0; got {text!r}")
+    return list(dict.fromkeys(temps))
+
+
 def parse_policy_list(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     for name in names:
@@ -70,6 +83,7 @@ class ModeResult:
     mode: str
     policy: str
     draft_len: int | None          # fixed k, or the adaptive policy's maximum
+    temperature: float = 0.0
     prompts: int = 0
     tokens: int = 0
     target_passes: int = 0
@@ -78,7 +92,7 @@ class ModeResult:
     decode_seconds: float = 0.0    # generation time after the prompt was processed
     prefill_seconds: float = 0.0
     same_output: int | None = 0    # prompts whose text equals plain decoding's (None when sampling)
-    speedup: float | None = None   # tokens_per_second / plain's
+    speedup: float | None = None   # tokens_per_second / plain's at the same temperature
 
     def add(self, stats: GenerationStats) -> None:
         self.prompts += 1
@@ -126,9 +140,14 @@ class BenchReport:
     def plain(self) -> ModeResult | None:
         return next((r for r in self.results if r.policy == "plain"), None)
 
+    @property
+    def temperatures(self) -> list[float]:
+        return list(dict.fromkeys(r.temperature for r in self.results))
+
     def to_dict(self) -> dict:
         return {"n_prompts": self.n_prompts, "max_tokens": self.max_tokens, "sampler": dict(self.sampler),
-                "warmup_seconds": self.warmup_seconds, "results": [r.to_dict() for r in self.results]}
+                "temperatures": self.temperatures, "warmup_seconds": self.warmup_seconds,
+                "results": [r.to_dict() for r in self.results]}
 
 
 def prepare_prompts(pair, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:
@@ -152,8 +171,10 @@ def default_modes(pair, k: int | None = None) -> list[Mode]:
 
 def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, max_tokens: int = 128,
               sampler: dict | None = None, warmup: bool = True, p_min: float | None = None,
-              progress: Callable[[int], None] | None = None) -> BenchReport:
-    """Decode every prompt in every mode (plain first, added when missing); speedups are against plain."""
+              progress: Callable[[int], None] | None = None,
+              temperatures: Sequence[float] | None = None) -> BenchReport:
+    """Decode every prompt in every mode (plain first, added when missing), at sampler's temperature or at each
+    of `temperatures`; speedups are against plain at the same temperature."""
     sampler = dict(sampler or {})
     modes = [PLAIN] + [m for m in modes if m.policy != "plain"]
     if len(modes) > 1 and not pair.speculative:
@@ -161,54 +182,79 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
                                     "the target's MTP head (--spec-type draft-mtp)")
     if not prompts:
         raise InvalidParameterError("no prompts to benchmark")
-    greedy = not sampler.get("temperature")
+    temps = list(temperatures) if temperatures else [sampler.get("temperature") or 0.0]
 
     # 1. warm-up: page the weights in, start the threads, size the buffers (not measured)
     t0 = time.perf_counter()
     if warmup:
         for mode in modes[:2]:
             pair.set_policy(mode.make_policy(p_min))
-            pair.generate(list(prompts[0]), max_tokens=min(WARMUP_TOKENS, max_tokens), **sampler)
+            pair.generate(list(prompts[0]), max_tokens=min(WARMUP_TOKENS, max_tokens),
+                          **{**sampler, "temperature": temps[0]})
     warmup_seconds = time.perf_counter() - t0
 
-    # 2. every prompt in every mode; one policy object per mode for the whole run
-    policies = {m.name: m.make_policy(p_min) for m in modes}
-    results = {m.name: ModeResult(m.name, m.policy, m.k if m.k is not None else policies[m.name].k_max)
-               for m in modes}
-    outputs: dict[str, list[str]] = {m.name: [] for m in modes}
-    for prompt in prompts:
-        for mode in modes:
-            pair.set_policy(policies[mode.name])
-            completion = pair.generate(list(prompt), max_tokens=max_tokens, **sampler)
-            results[mode.name].add(completion.stats)
-            outputs[mode.name].append(completion.text)
-            if progress is not None:
-                progress(1)
+    results: list[ModeResult] = []
+    outputs: dict[str, list[str]] = {}
+    for temperature in temps:
+        at_t = {**sampler, "temperature": temperature}
+        # 2. every prompt in every mode; one policy object per mode for the whole run at this temperature
+        policies = {m.name: m.make_policy(p_min) for m in modes}
+        by_mode = {m.name: ModeResult(m.name, m.policy, m.k if m.k is not None else policies[m.name].k_max,
+                                      temperature) for m in modes}
+        texts: dict[str, list[str]] = {m.name: [] for m in modes}
+        for prompt in prompts:
+            for mode in modes:
+                pair.set_policy(policies[mode.name])
+                completion = pair.generate(list(prompt), max_tokens=max_tokens, **at_t)
+                by_mode[mode.name].add(completion.stats)
+                texts[mode.name].append(completion.text)
+                if progress is not None:
+                    progress(1)
 
-    # 3. compare with plain
-    plain = results[PLAIN.name]
-    for mode in modes:
-        r = results[mode.name]
-        r.speedup = r.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
-        r.same_output = (sum(a == b for a, b in zip(outputs[mode.name], outputs[PLAIN.name])) if greedy else None)
-    return BenchReport([results[m.name] for m in modes], len(prompts), max_tokens, sampler, warmup_seconds, outputs)
+        # 3. compare with plain at this temperature
+        plain = by_mode[PLAIN.name]
+        for mode in modes:
+            r = by_mode[mode.name]
+            r.speedup = r.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
+            r.same_output = (sum(a == b for a, b in zip(texts[mode.name], texts[PLAIN.name]))
+                             if not temperature else None)
+        results += [by_mode[m.name] for m in modes]
+        for name, mode_texts in texts.items():
+            outputs[name if len(temps) == 1 else f"{name} T={temperature:g}"] = mode_texts
+    if len(temps) > 1:
+        sampler.pop("temperature", None)
+    return BenchReport(results, len(prompts), max_tokens, sampler, warmup_seconds, outputs)
 
 
 def plot_report(report: BenchReport, path: str) -> None:
-    """Speedup and acceptance against draft length (fixed k as lines, adaptive policies as labelled points).
-    Needs matplotlib (ImportError otherwise)."""
+    """Speedup and acceptance against draft length (fixed k as lines, adaptive policies as labelled points), or
+    against temperature when the report sweeps several (a line per mode). Needs matplotlib (ImportError
+    otherwise)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    if len(report.temperatures) > 1:
+        _plot_against_temperature(report, ax_speed, ax_acc)
+    else:
+        _plot_against_draft_length(report, ax_speed, ax_acc)
+    ax_speed.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    for ax in (ax_speed, ax_acc):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_against_draft_length(report: BenchReport, ax_speed, ax_acc) -> None:
     fixed = sorted((r for r in report.results if r.policy == "fixed"), key=lambda r: r.draft_len or 0)
     adaptive = [r for r in report.results if r.policy not in ("fixed", "plain")]
-    fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     plain_x = [0] if report.plain else []
     ax_speed.plot(plain_x + [r.draft_len for r in fixed], [1.0] * len(plain_x) + [r.speedup or 0 for r in fixed],
                   marker="o", color="C0", label="fixed k")
-    ax_speed.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax_acc.plot([r.draft_len for r in fixed], [r.acceptance_rate or 0 for r in fixed], marker="o", color="C0",
                 label="fixed k")
     for i, r in enumerate(adaptive, start=1):
@@ -217,9 +263,15 @@ def plot_report(report: BenchReport, path: str) -> None:
         ax_acc.scatter([r.mean_draft_len], [r.acceptance_rate or 0], **style)
     ax_speed.set(xlabel="draft length (mean for policies)", ylabel="speedup vs plain", title="Speedup")
     ax_acc.set(xlabel="draft length (mean for policies)", ylabel="acceptance rate", title="Acceptance", ylim=(0, 1))
-    for ax in (ax_speed, ax_acc):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+
+def _plot_against_temperature(report: BenchReport, ax_speed, ax_acc) -> None:
+    modes = list(dict.fromkeys(r.mode for r in report.results if r.policy != "plain"))
+    for i, mode in enumerate(modes):
+        rows = sorted((r for r in report.results if r.mode == mode), key=lambda r: r.temperature)
+        temps = [r.temperature for r in rows]
+        style = {"marker": "o", "color": f"C{i}", "label": mode}
+        ax_speed.plot(temps, [r.speedup or 0 for r in rows], **style)
+        ax_acc.plot(temps, [r.acceptance_rate or 0 for r in rows], **style)
+    ax_speed.set(xlabel="temperature", ylabel="speedup vs plain (same temperature)", title="Speedup")
+    ax_acc.set(xlabel="temperature", ylabel="acceptance rate", title="Acceptance", ylim=(0, 1))

@@ -20,13 +20,15 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 
 
 def table_rows(report) -> list[tuple[str, ...]]:
+    """One row per mode (per mode and temperature in a sweep, with the temperature first)."""
+    sweep = len(report.temperatures) > 1
     rows = []
     for r in report.results:
         draft_len = "0" if r.policy == "plain" else (str(r.draft_len) if r.policy == "fixed" else f"<={r.draft_len}")
         same = "-" if r.same_output is None else f"{r.same_output}/{r.prompts}"
-        rows.append((r.mode, draft_len, f"{r.mean_draft_len:.2f}", _fmt(r.acceptance_rate, ".0%"),
-                     f"{r.mean_accepted_length:.2f}", f"{r.tokens_per_second:.1f}", _fmt(r.speedup, ".2f") + "x",
-                     same))
+        row = (r.mode, draft_len, f"{r.mean_draft_len:.2f}", _fmt(r.acceptance_rate, ".0%"),
+               f"{r.mean_accepted_length:.2f}", f"{r.tokens_per_second:.1f}", _fmt(r.speedup, ".2f") + "x", same)
+        rows.append((f"{r.temperature:g}",) + row if sweep else row)
     return rows
 
 
@@ -69,6 +71,9 @@ def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int |
               help="Built-in set (code, prose, grounded, all) or a JSONL file of {\"prompt\": ...} lines.")
 @click.option("--k", "k_list", default=None, help="Fixed draft lengths to sweep, e.g. 1,2,3,5,8.")
 @click.option("--policies", default=None, help="Adaptive policies to compare, e.g. auto,confidence,threshold.")
+@click.option("--temps", "temps", default=None,
+              help="Temperatures to sweep, e.g. 0,0.5,0.8,1.0: every mode at each (instead of --temp); the table "
+                   "and --plot show acceptance and speedup against temperature.")
 @click.option("--raw", is_flag=True, help="Send prompts as raw text instead of a chat-templated user message.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up generation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -78,7 +83,7 @@ def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int |
 @pair_options
 @sampler_options(max_tokens=128)
 @handle_errors
-def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_path, **opts):
+def bench(prompt_spec, k_list, policies, temps, raw, no_warmup, as_json, as_csv, plot_path, **opts):
     """Compare plain decoding with speculation (fixed draft lengths, policies) on the same prompts."""
     from .. import bench as lib
     from ..bench.prompts import load_prompts
@@ -94,6 +99,7 @@ def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_p
         lib.parse_k_list(k_list)
     if policies is not None:
         lib.parse_policy_list(policies)
+    temperatures = lib.parse_temperature_list(temps) if temps is not None else None
     prompts = load_prompts(prompt_spec)
     command = shlex.join(["llamaspec", *sys.argv[1:]]) if sys.argv and "llamaspec" in sys.argv[0] else None
 
@@ -102,11 +108,12 @@ def bench(prompt_spec, k_list, policies, raw, no_warmup, as_json, as_csv, plot_p
         modes = build_modes(pair, k_list, policies, opts.get("draft_max"))
         token_prompts = lib.prepare_prompts(pair, prompts, chat=not raw)
         click.echo("warming up..." if not no_warmup else "running...", err=True)
-        n_runs = len(prompts) * (1 + sum(m.policy != "plain" for m in modes))  # run_bench adds plain
+        n_runs = len(prompts) * (1 + sum(m.policy != "plain" for m in modes)) * len(temperatures or [0])
         with click.progressbar(length=n_runs, label="bench", file=sys.stderr) as bar:
             report = lib.run_bench(pair, token_prompts, modes, max_tokens=opts["max_tokens"],
                                    sampler={k: v for k, v in sampler_kwargs(opts).items() if k != "max_tokens"},
-                                   warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update)
+                                   warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update,
+                                   temperatures=temperatures)
         hardware = hardware_info(pair, opts.get("n_threads"))
         header = {"command": command, "target": model_info(pair.target), "draft": model_info(pair.draft),
                   "drafter": pair.drafter_kind, "hardware": hardware, "prompts": prompt_spec}
@@ -139,8 +146,17 @@ def print_report(header: dict, report, n_prompts: int) -> None:
     click.echo(f"drafter:  {header['drafter']}")
     click.echo(f"hardware: {header['hardware']['line']}; llama.cpp GPU offload: "
                f"{'yes' if header['hardware']['gpu_offload'] else 'no'}")
-    temperature = report.sampler.get("temperature") or 0
-    sampling = "greedy" if not temperature else f"temperature {temperature:g}"
+    temps = report.temperatures
+    filters = ", ".join(f"{name} {report.sampler[name]:g}" for name, off in (("top_k", 0), ("top_p", 1.0),
+                                                                               ("min_p", 0.0))
+                        if report.sampler.get(name, off) != off)
+    if len(temps) > 1:
+        sampling = "temperatures " + ", ".join(f"{t:g}" for t in temps) + " (0 = greedy)"
+    else:
+        sampling = "greedy" if not temps[0] else f"temperature {temps[0]:g}"
+    if filters and any(temps):
+        sampling += f", {filters}"
     click.echo(f"prompts:  {header['prompts']} ({n_prompts}), up to {report.max_tokens} tokens each, {sampling}")
     click.echo()
-    click.echo(format_table(table_rows(report)))
+    columns = (("temp",) + TABLE_COLUMNS) if len(temps) > 1 else TABLE_COLUMNS
+    click.echo(format_table(table_rows(report), columns))

@@ -8,12 +8,14 @@ before its first token removes the user message again.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from . import main
-from .options import Command, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options
+from .options import (Command, handle_errors, load_pair_from_options, not_utf8, pair_options, sampler_kwargs,
+                      sampler_options, utf8_argument)
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -233,6 +235,14 @@ class ChatSession:
             except (EOFError, KeyboardInterrupt):
                 click.echo()
                 return
+            except UnicodeDecodeError as e:  # stdin under a UTF-8 locale
+                click.echo(f"error: the message is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
+                           "nothing was sent", err=True)
+                continue
+            problem = not_utf8(line)
+            if problem is not None:
+                click.echo(f"error: the message is not valid UTF-8 ({problem}); nothing was sent", err=True)
+                continue
             if not line.strip():
                 continue
             if line.startswith("/") and not line.startswith("//"):
@@ -256,6 +266,7 @@ def _enable_line_editing() -> None:
 @handle_errors
 def chat(system, **opts):
     """Chat with the pair in the terminal (uses the chat template in the target GGUF)."""
+    system = utf8_argument(system, "--system")
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
         session = ChatSession(pair, system, sampler_kwargs(opts),
@@ -266,6 +277,8 @@ def chat(system, **opts):
         click.echo(dim(f"llamaspec chat: {pair.target.path.name}, {draft}{policy}, context {pair.n_ctx}. "
                        "/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit quits."))
         _enable_line_editing()
+        if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the loop's check, one line each
+            sys.stdin.reconfigure(errors="surrogateescape")
         session.loop()
     finally:
         pair.close()

@@ -1,6 +1,8 @@
 """`llamaspec check`: will this pair work, and does it fit, without loading any weights."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from . import main
@@ -8,6 +10,13 @@ from ..config import ModelConfig
 from .options import Command, fail, handle_errors, resolve_model_paths
 
 KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
+
+
+def finite(ctx, param, value: float | None) -> float | None:
+    """FloatRange lets nan and inf through (nan compares false with its bounds)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of GiB")
+    return value
 
 
 def gib(n_bytes: int) -> str:
@@ -91,7 +100,7 @@ def print_plan(plan, vram_source: str) -> None:
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True)
 @click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None)
 @click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
               help="GPU memory in GiB [default: free memory nvidia-smi reports, else 24].")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts (--pair).")
 @handle_errors

@@ -129,7 +129,7 @@ def pair_options(func):
                      help="Prompt lookup (n-gram) drafting, no draft model."),
         click.option("--drafter", "drafter_kind", type=click.Choice(DRAFTER_KINDS), default=None,
                      help="Where drafts come from: a draft model, prompt lookup, the target's MTP head, or lookup "
-                          "first [default: model]."),
+                          "first [default: model]; an EAGLE-3 or DFlash draft (-md) picks eagle3 / dflash itself."),
         click.option("--spec-type", "spec_type", default=None, metavar="TYPES",
                      help=f"llama.cpp's names, comma-separated: {', '.join(SPEC_TYPES)} (e.g. draft-mtp)."),
         click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts."),
@@ -142,9 +142,10 @@ def pair_options(func):
 
 # llama.cpp's --spec-type names -> llamaspec's drafter kinds (a comma-separated pair: lookup first, as llama.cpp
 # tries its n-gram drafters before the model ones)
-SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "ngram-simple": "lookup"}
+SPEC_TYPES = {"none": None, "draft-simple": "model", "draft-mtp": "mtp", "draft-eagle3": "eagle3",
+              "draft-dflash": "dflash", "ngram-simple": "lookup"}
 _SPEC_PAIRS = {("lookup", "model"): "lookup+model", ("lookup", "mtp"): "lookup+mtp"}
-_SPEC_ELSEWHERE = ("draft-eagle3", "draft-dflash", "draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+_SPEC_ELSEWHERE = ("draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
                    "ngram-cache")
 
 
@@ -229,7 +230,8 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
             from ..hub.registry import resolve_pair
         except ImportError:
             raise click.UsageError("no model registry in this install: give -m TARGET.gguf [-md DRAFT.gguf]")
-        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False))
+        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False),
+                                               confirm=confirm_on_terminal())
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     drafter, plain = chosen_drafter(opts)
@@ -241,6 +243,14 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     elif drafter in MTP_DRAFTERS and not opts.get("model_draft"):
         draft = None          # the target's head drafts: a --pair entry's draft model is not loaded
     return str(target), (str(draft) if draft else None), defaults
+
+
+def confirm_on_terminal():
+    """A yes/no question for the library to ask through (None without a terminal: the library then says how to
+    go on instead of asking)."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        return None
+    return lambda question: click.confirm(question, default=True, err=True)
 
 
 def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_gpu_layers: int | None) -> None:
@@ -291,3 +301,37 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     return load_pair(target, draft, config=config)
+
+
+def not_utf8(text: str) -> str | None:
+    """Where `text` stops being UTF-8 ("byte 0xff at offset 3"), or None. Python hands over argv bytes (and
+    stdin bytes under a C locale) that are not UTF-8 as lone surrogates U+DC80..U+DCFF, which nothing downstream
+    can encode."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        offset = len(text[:e.start].encode("utf-8"))
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+            return f"byte 0x{code - 0xDC00:02x} at offset {offset}"
+        return f"a lone surrogate U+{code:04X} at offset {offset}"
+
+
+def utf8_argument(text: str | None, name: str) -> str | None:
+    """`text` unchanged, or a usage error naming the first byte that is not UTF-8."""
+    problem = not_utf8(text) if text is not None else None
+    if problem is not None:
+        raise click.BadParameter(f"not valid UTF-8: {problem}", param_hint=name)
+    return text
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """Input text is UTF-8; anything else is an error naming the first bad byte (never silently replaced)."""
+    from ..bench.prompts import PromptFileError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{source}: not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+                              "(convert it first, e.g. with iconv)") from None

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import Command, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options, warn
+from .options import (Command, decode_utf8, handle_errors, load_pair_from_options, pair_options, sampler_kwargs,
+                      sampler_options, utf8_argument, warn)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """PROMPT, the text of -f FILE, or stdin for `-` (either form)."""
+    """PROMPT, the text of -f FILE, or stdin for `-` (either form); all of them UTF-8."""
     from ..bench.prompts import PromptFileError
 
     if prompt is not None and prompt_file is not None:
@@ -20,16 +21,17 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt is None and prompt_file is None:
         raise click.UsageError("no prompt: give PROMPT, -f FILE, or - to read stdin")
     if prompt == "-" or prompt_file == "-":
-        return sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        return decode_utf8(stream.read(), "stdin") if stream is not None else sys.stdin.read()
     if prompt is not None:
-        return prompt
+        return utf8_argument(prompt, "PROMPT")
     path = Path(prompt_file)
     try:
-        return path.read_text(encoding="utf-8")
+        return decode_utf8(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise PromptFileError(f"{path}: no such prompt file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PromptFileError(f"{path}: cannot read prompt file ({getattr(e, 'strerror', None) or e})") from None
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read prompt file ({e.strerror or e})") from None
 
 
 def chat_tokens(pair, messages: list[dict]) -> list[int]:
@@ -54,8 +56,14 @@ def chat_tokens(pair, messages: list[dict]) -> list[int]:
 @sampler_options
 @handle_errors
 def run(prompt, prompt_file, use_chat, system, stop, as_json, show_stats, **opts):
-    """Generate once from PROMPT (or -f FILE, or - for stdin) and print the text."""
+    """Generate once from PROMPT (or -f FILE, or - for stdin) and print the text.
+
+    Text is UTF-8: a prompt, system prompt or stop string with a byte that is not UTF-8 is an error naming the
+    byte and its offset (convert such input first, e.g. with iconv).
+    """
     text = read_prompt(prompt, prompt_file)
+    system = utf8_argument(system, "--system")
+    stop = [utf8_argument(s, "--stop") for s in stop]
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
         if use_chat or system is not None:

@@ -6,10 +6,10 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import fail, handle_errors, load_pair_from_options, pair_options
+from .options import Command, fail, handle_errors, load_pair_from_options, pair_options
 
 
-@main.command()
+@main.command(cls=Command)
 @pair_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 0.0.0.0 exposes the server to your network.")
@@ -26,6 +26,14 @@ from .options import fail, handle_errors, load_pair_from_options, pair_options
               help="Largest request body accepted (413 beyond).")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds in-flight requests get to finish after Ctrl-C/SIGTERM before they are cancelled.")
+@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds a client gets to send a request's headers, and again its body (then 408 / closed).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Accept this name in the Host header too (repeatable; '*': any). IP addresses, localhost and "
+                   "--host are always accepted; other names are refused as a guard against DNS rebinding.")
+@click.option("--cors", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Let web pages from ORIGIN (like http://localhost:3000; '*': any) call the server from a "
+                   "browser (repeatable). Without it, requests carrying a foreign Origin are refused.")
 @click.option("--access-log", is_flag=True, help="Log every request.")
 @handle_errors
 def serve(**opts):
@@ -45,7 +53,8 @@ def serve(**opts):
         model_id = opts["model_id"] or opts.get("pair_name") or Path(pair.target.path).stem
         config = ServerConfig(
             model_id=model_id, api_key=opts["api_key"], admin_key=opts["admin_key"], max_queue=opts["max_queue"],
-            max_body_bytes=opts["max_body_bytes"],
+            max_body_bytes=opts["max_body_bytes"], read_timeout=opts["read_timeout"], bound_host=opts["host"],
+            allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]),
             policy_settings={k: opts.get(k) for k in ("policy", "draft_max", "draft_min", "draft_p_min")})
         app = create_app(pair, config)
         service = app.state.service

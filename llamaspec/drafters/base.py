@@ -11,20 +11,22 @@ from ..sampling import SamplerConfig
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling mode of a generation: the filter settings and the random stream (greedy has none)."""
+    """Sampling mode of a generation: the filter settings and the random stream (greedy has none). `device`: every
+    context filters on the device (llama.cpp's sampler chains, Context.eval_dists), draft and target alike."""
 
     config: SamplerConfig
     rng: np.random.Generator
+    device: bool = False
 
 
 @dataclass
 class Draft:
-    """Proposed tokens; in sampling mode, row i of `probs` is the distribution token i was drawn from (the q of
-    the rejection rule, over the target's vocabulary). `setup_seconds`: time spent catching up on the history,
-    not a per-token cost (the policy leaves it out)."""
+    """Proposed tokens; in sampling mode, `probs[i]` is the distribution token i was drawn from (the q of the
+    rejection rule): a sampling.Dist, or a probability vector over the target's vocabulary. `setup_seconds`: time
+    spent catching up on the history, not a per-token cost (the policy leaves it out)."""
 
     tokens: list[int]
-    probs: np.ndarray | None = None
+    probs: list | np.ndarray | None = None
     setup_seconds: float = 0.0
 
 
@@ -36,6 +38,9 @@ class Drafter(abc.ABC):
 
     kind = "base"            # its name in config.DRAFTER_KINDS
     contexts: tuple = ()     # llama.cpp contexts it owns (their decode time counts as the engine's)
+    # how drafting time grows with the draft length: "per_token" (one pass per token, a draft model) or
+    # "per_pass" (the whole draft in one pass, DFlash: c(n) is nearly flat in n)
+    draft_cost = "per_token"
 
     def begin(self, history: list[int], sampling: Sampling | None, p_min: float, prefill: bool) -> None:
         """A generation starts after `history` (already in the target's cache). `prefill`: catch up now, the

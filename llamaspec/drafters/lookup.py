@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import NO_DRAFT, Draft, Drafter, ProbsBuffer
+from ..sampling import Dist
+from .base import NO_DRAFT, Draft, Drafter
 
 
 class PromptLookupDrafter(Drafter):
@@ -23,8 +24,8 @@ class PromptLookupDrafter(Drafter):
         self._buf = np.empty(1024, dtype=np.int64)
         self._len = 0
         self._source: list[int] | None = None
-        self._probs = ProbsBuffer(n_vocab)   # rows allocated only when sampling asks for them
         self._sampling = False
+        self._one = np.ones(1, dtype=np.float32)
 
     def begin(self, history, sampling, p_min, prefill) -> None:
         self._source, self._len = None, 0
@@ -61,11 +62,8 @@ class PromptLookupDrafter(Drafter):
         drafted = self.lookup(self._tokens(history, last), max_len)
         if not drafted:
             return NO_DRAFT
-        probs = None
-        if self._sampling:
-            probs = self._probs.rows(len(drafted))[:len(drafted)]
-            probs.fill(0.0)
-            probs[np.arange(len(drafted)), drafted] = 1.0
+        # in sampling mode q is a point mass on each proposed token: sparse, nothing vocabulary-sized
+        probs = [Dist(np.array([t]), self._one, 1.0, peak=1.0) for t in drafted] if self._sampling else None
         return Draft(drafted, probs)
 
 

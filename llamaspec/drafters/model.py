@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ..sampling import filtered_probs, max_prob, sample_from
+from ..sampling import filter_logits, max_prob, sample
 from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
 
 
@@ -33,7 +33,7 @@ class ModelDrafter(Drafter):
         self._known_equal = 0     # ctx.tokens[:known_equal] == history[offset:offset + known_equal]
         self._base = 0            # cache length before the last proposal's `last`
         self._sampling: Sampling | None = None
-        self._probs = ProbsBuffer(n_vocab_target)
+        self._probs = ProbsBuffer(max(n_vocab_target, ctx.n_vocab))
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)   # for the confidence stop
 
     # -- keeping in step ---------------------------------------------------------------------------------------
@@ -84,31 +84,51 @@ class ModelDrafter(Drafter):
         self._base = len(history) - self.offset
         if self._sampling is None and p_min <= 0 and self.ctx.device_argmax:
             return self._propose_argmax(missing, last, max_len, t0)
+        if self._sampling is not None and self._sampling.device:
+            return self._propose_device(missing, last, max_len, p_min, t0)
         # catch up on what the target accepted since the last draft, and decode `last`, in one batch
         logits = self.ctx.eval(missing + [last], logits="last")[0]
         self.ctx.checkpoint()  # the drafting run starts here: `accepted` comes back to it
         setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
         sampling = self._sampling
-        probs = self._probs.rows(max_len) if sampling is not None else None
+        rows = self._probs.rows(max_len) if sampling is not None else None
         drafted: list[int] = []
+        dists = []
         for i in range(max_len):
             if sampling is None:
                 token = int(logits.argmax())
                 confidence = max_prob(logits, self._scratch, logits[token]) if p_min > 0 else 1.0
-            else:
-                q = probs[i]
-                if self.n_vocab < len(q):  # the target's vocabulary is padded beyond the draft's
-                    q[self.n_vocab:] = 0.0
-                filtered_probs(logits, sampling.config, out=q[:self.n_vocab])
-                token = sample_from(q, sampling.rng)
-                confidence = float(q.max()) if p_min > 0 else 1.0
+            else:  # a dense q lands in row i (past the draft's vocabulary q is 0: Dist.prob knows its length)
+                q = filter_logits(logits, sampling.config, rows[i][:self.n_vocab])
+                token = sample(q, sampling.rng)
+                confidence = q.max_prob() if p_min > 0 else 1.0
+                dists.append(q)
             if confidence < p_min or token >= self.n_vocab_target:
                 break  # the draft is unsure (llama.cpp's p_min rule), or proposes a token the target lacks
             drafted.append(token)
             if i + 1 == max_len:
                 break
             logits = self.ctx.eval([token], logits="last")[0]
-        return Draft(drafted, probs[:len(drafted)] if probs is not None else None, setup)
+        return Draft(drafted, dists[:len(drafted)] if sampling is not None else None, setup)
+
+    def _propose_device(self, missing: list[int], last: int, max_len: int, p_min: float, t0: float) -> Draft:
+        """Sampling with the filters on the device: each decode returns q (the kept candidates, or a dense row
+        when nothing truncates) and the device's draw from it; Python only copies q out of llama.cpp's buffer."""
+        q = self.ctx.eval_dists(missing + [last])[0]
+        setup = (time.perf_counter() - t0) if len(missing) > 2 else 0.0
+        rows = self._probs.rows(max_len)
+        drafted: list[int] = []
+        dists = []
+        for i in range(max_len):
+            token = q.draw
+            if (p_min > 0 and q.max_prob() < p_min) or not 0 <= token < self.n_vocab_target or q.prob(token) <= 0:
+                break  # unsure, a token the target lacks, or (rounding on the device) a draw q gives no mass
+            dists.append(q.copy(into=rows[i]))  # outlives the next decode
+            drafted.append(token)
+            if i + 1 == max_len:
+                break
+            q = self.ctx.eval_dists([token])[0]
+        return Draft(drafted, dists, setup)
 
     def _propose_argmax(self, missing: list[int], last: int, max_len: int, t0: float) -> Draft:
         """Greedy drafting without a confidence stop: llama.cpp takes each argmax on the device, no logits move."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .hidden_pair import hidden_pair_fields, hidden_pair_mismatch
 from .reader import VOCAB_CHECK_START_ID, VOCAB_MAX_SIZE_DIFFERENCE, ModelInfo, pair_mismatch
 
 
@@ -55,4 +56,6 @@ def compatibility_report(target: ModelInfo, draft: ModelInfo) -> CompatibilityRe
     else:
         show = lambda info: info.tokens[first].decode("utf-8", errors="replace")  # noqa: E731
         fields.append(FieldCheck(f"token text, id {first}", repr(show(target)), repr(show(draft)), False))
-    return CompatibilityReport(tuple(fields), pair_mismatch(target, draft))
+    # an EAGLE-3 / DFlash draft reads the target's hidden states: (label, target, draft, ok) for what it needs
+    fields += [FieldCheck(*row) for row in hidden_pair_fields(target, draft)]
+    return CompatibilityReport(tuple(fields), pair_mismatch(target, draft) or hidden_pair_mismatch(target, draft))

@@ -9,6 +9,7 @@ nothing about llama.cpp.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -19,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import IncompatiblePairError, ModelFileError
+from .limits import header_problem
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -38,6 +40,13 @@ _NUMPY_DTYPES = {
     GGUFValueType.FLOAT32: np.float32, GGUFValueType.BOOL: np.bool_, GGUFValueType.UINT64: np.uint64,
     GGUFValueType.INT64: np.int64, GGUFValueType.FLOAT64: np.float64,
 }
+# ggml types newer than the gguf package's table: (block elements, block bytes).
+_EXTRA_TYPE_SIZES = {42: (64, 18)}  # Q2_0
+_EXTRA_TYPE_NAMES = {42: "Q2_0"}
+# gguf.cpp's limits: GGML_MAX_DIMS dimensions, names shorter than GGML_MAX_NAME bytes, int64 element counts.
+GGML_MAX_DIMS = 4
+GGML_MAX_NAME = 64
+INT64_MAX = 2**63 - 1
 # Large arrays nobody here needs as Python objects: skipped, only their length is kept.
 _SKIPPED_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
@@ -55,7 +64,7 @@ class TensorInfo:
         try:
             return GGMLQuantizationType(self.ggml_type).name
         except ValueError:
-            return f"type{self.ggml_type}"
+            return _EXTRA_TYPE_NAMES.get(self.ggml_type, f"type{self.ggml_type}")
 
 
 @dataclass(frozen=True)
@@ -168,10 +177,12 @@ def _first_int(value) -> int:
 
 
 class _Cursor:
-    """Little-endian reads from a memory map; running off the end means the file is truncated."""
+    """Little-endian reads from a memory map; running off the end means the file is truncated. Counts are
+    checked against the bytes left before anything is allocated or looped over."""
 
     def __init__(self, buf, path: Path, keep_all: bool = False):
         self.buf, self.pos, self.path, self.keep_all = buf, 0, path, keep_all
+        self.elem_types: dict[str, GGUFValueType] = {}  # array key -> element type
 
     def need(self, n: int) -> None:
         if self.pos + n > len(self.buf):
@@ -179,6 +190,17 @@ class _Cursor:
                 f"{self.path}: truncated GGUF file (header ends at byte {len(self.buf)}, "
                 f"more data expected at byte {self.pos + n}); download it again"
             )
+
+    def corrupt(self, what: str) -> ModelFileError:
+        return ModelFileError(f"{self.path}: corrupt GGUF header (byte {self.pos}): {what}")
+
+    def count(self, n: int, min_item_bytes: int, what: str) -> int:
+        """An element count that the rest of the file can hold (a cut-off download looks the same as a lie)."""
+        left = len(self.buf) - self.pos
+        if n * min_item_bytes > left:
+            raise ModelFileError(f"{self.path}: truncated or corrupt GGUF file ({what} is {n:,}, more than the "
+                                 f"{left:,} bytes after byte {self.pos} hold); download it again")
+        return n
 
     def scalar(self, fmt: str):
         size = struct.calcsize(fmt)
@@ -222,34 +244,47 @@ class _Cursor:
         self.need(0)
         return out
 
-    def value(self, vtype: int, key: str):
-        vtype = GGUFValueType(vtype)
+    def value_type(self, key: str) -> GGUFValueType:
+        raw = self.scalar("<I")
+        try:
+            return GGUFValueType(raw)
+        except ValueError:
+            raise self.corrupt(f"key {key!r} has unknown value type {raw}") from None
+
+    def value(self, vtype: GGUFValueType, key: str):
         if vtype == GGUFValueType.STRING:
             return self.string().decode("utf-8", errors="replace")
         if vtype != GGUFValueType.ARRAY:
             return self.scalar(_SCALAR_FORMATS[vtype])
-        elem_type = GGUFValueType(self.scalar("<I"))
-        count = self.scalar("<Q")
+        elem_type = self.elem_types[key] = self.value_type(key)
+        if elem_type == GGUFValueType.ARRAY:  # gguf.cpp refuses them too, so no loadable model has one
+            raise self.corrupt(f"key {key!r} is an array of arrays, which llama.cpp cannot read")
         if elem_type == GGUFValueType.STRING:
+            count = self.count(self.scalar("<Q"), 8, f"the length of array {key!r}")
             if key in _SKIPPED_ARRAYS and not self.keep_all:
                 self.skip_strings(count)
                 return ("skipped", count)
             return self.strings(count)
-        if elem_type == GGUFValueType.ARRAY:
-            return [self.value(GGUFValueType.ARRAY, key) for _ in range(count)]
         dtype = np.dtype(_NUMPY_DTYPES[elem_type]).newbyteorder("<")
-        n_bytes = dtype.itemsize * count
-        self.need(n_bytes)
+        count = self.count(self.scalar("<Q"), dtype.itemsize, f"the length of array {key!r}")
         arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
-        self.pos += n_bytes
+        self.pos += dtype.itemsize * count
         if key in _SKIPPED_ARRAYS and not self.keep_all:
             return ("skipped", count)
         return arr.tolist() if count <= 4096 else arr
 
 
+def type_sizes(ggml_type: int) -> tuple[int, int] | None:
+    """(block elements, block bytes) of a ggml type; None for a type ggml does not have (any more)."""
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        return _EXTRA_TYPE_SIZES.get(ggml_type)
+
+
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    n_elems = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    n_elems = math.prod(shape)
+    block_size, type_size = type_sizes(ggml_type)
     return n_elems // block_size * type_size
 
 
@@ -270,13 +305,15 @@ def read_model_info(path: str | os.PathLike, keep_all: bool = False) -> ModelInf
                 raise ModelFileError(f"{path}: not a GGUF file ({file_size} bytes)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 return _parse(mm, path, file_size, keep_all)
-    except PermissionError as e:
-        raise ModelFileError(f"{path}: cannot read model file ({e.strerror})") from None
-    except (ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError) as e:
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read model file ({e.strerror or e})") from None
+    except (ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError, struct.error) as e:
         raise ModelFileError(f"{path}: corrupt GGUF header ({type(e).__name__}: {e})") from None
 
 
 def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
+    """gguf.cpp's own checks (it refuses such files cleanly; this reader would crash or mislead), then the
+    hyperparameter limits llama.cpp asserts on (`limits.header_problem`)."""
     if mm[:4] != GGUF_MAGIC:
         raise ModelFileError(f"{path}: not a GGUF file (starts with {bytes(mm[:4])!r}, expected b'GGUF')")
     cur = _Cursor(mm, path, keep_all)
@@ -284,32 +321,62 @@ def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
     version = cur.scalar("<I")
     if version not in (2, 3):
         raise ModelFileError(f"{path}: unsupported GGUF version {version} (big-endian or too new?)")
-    n_tensors = cur.scalar("<Q")
-    n_kv = cur.scalar("<Q")
-    if n_tensors > 1_000_000 or n_kv > 1_000_000:
-        raise ModelFileError(f"{path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+    # the smallest tensor entry: 1-byte name, 0 dims, type, offset; the smallest key: 1 byte, type, 1-byte value
+    n_tensors = cur.count(cur.scalar("<Q"), 8 + 1 + 4 + 4 + 8, "the tensor count")
+    n_kv = cur.count(cur.scalar("<Q"), 8 + 1 + 4 + 1, "the metadata key count")
 
     metadata: dict = {}
+    value_types: dict[str, GGUFValueType] = {}
     tokens: list[bytes] = []
     for _ in range(n_kv):
         key = cur.string().decode("utf-8", errors="replace")
-        value = cur.value(cur.scalar("<I"), key)
-        if key == "tokenizer.ggml.tokens":
+        if not key or key in metadata:
+            raise cur.corrupt(f"key {key!r} appears twice" if key else "a metadata key is empty")
+        vtype = value_types[key] = cur.value_type(key)
+        value = cur.value(vtype, key)
+        if key == "tokenizer.ggml.tokens" and cur.elem_types.get(key) == GGUFValueType.STRING:
             tokens = value
             metadata[key] = ("tokens", len(value))
         else:
             metadata[key] = value
 
-    tensors = []
-    for _ in range(n_tensors):
-        name = cur.string().decode("utf-8", errors="replace")
-        n_dims = cur.scalar("<I")
-        shape = tuple(cur.scalar("<Q") for _ in range(n_dims))
-        ggml_type = cur.scalar("<I")
-        offset = cur.scalar("<Q")
-        tensors.append(TensorInfo(name, shape, ggml_type, offset, tensor_nbytes(shape, ggml_type)))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if value_types.get("general.alignment", GGUFValueType.UINT32) != GGUFValueType.UINT32:
+        raise cur.corrupt(f"general.alignment is a {value_types['general.alignment'].name}, not a UINT32")
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise cur.corrupt(f"general.alignment is {alignment}, not a power of two")
 
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    tensors = []
+    names: set[str] = set()
+    expected_offset = 0  # gguf.cpp: tensor data lies in header order, each tensor padded to the alignment
+    for _ in range(n_tensors):
+        raw_name = cur.string()
+        name = raw_name.decode("utf-8", errors="replace")
+        if len(raw_name) >= GGML_MAX_NAME or name in names:
+            raise cur.corrupt(f"tensor {name!r} appears twice" if name in names else
+                              f"tensor name {name[:20]!r}... is {len(raw_name):,} bytes (at most {GGML_MAX_NAME - 1})")
+        names.add(name)
+        n_dims = cur.scalar("<I")
+        if n_dims > GGML_MAX_DIMS:
+            raise cur.corrupt(f"tensor {name!r} has {n_dims:,} dimensions (at most {GGML_MAX_DIMS})")
+        shape = tuple(cur.scalar("<Q") for _ in range(n_dims))
+        if math.prod(shape) > INT64_MAX or any(d > INT64_MAX for d in shape):
+            raise cur.corrupt(f"tensor {name!r} has an impossible shape {list(shape)}")
+        ggml_type = cur.scalar("<I")
+        sizes = type_sizes(ggml_type)
+        if sizes is None:
+            raise cur.corrupt(f"tensor {name!r} has unknown ggml type {ggml_type}")
+        if shape and shape[0] % sizes[0]:
+            raise cur.corrupt(f"tensor {name!r}: a row of {shape[0]} elements is not whole blocks of {sizes[0]} "
+                              f"({TensorInfo(name, shape, ggml_type, 0, 0).type_name})")
+        offset = cur.scalar("<Q")
+        if offset != expected_offset:
+            raise cur.corrupt(f"tensor {name!r} has data offset {offset:,}, but the tensors before it end at "
+                              f"{expected_offset:,}")
+        n_bytes = tensor_nbytes(shape, ggml_type)
+        expected_offset += n_bytes + (-n_bytes) % alignment
+        tensors.append(TensorInfo(name, shape, ggml_type, offset, n_bytes))
+
     data_offset = (cur.pos + alignment - 1) // alignment * alignment
     data_end = max((data_offset + t.offset + t.n_bytes for t in tensors), default=cur.pos)
     if data_end > file_size:
@@ -318,7 +385,11 @@ def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
             f"{path}: truncated GGUF file ({file_size:,} bytes, tensor data needs {data_end:,}; "
             f"{missing:,} bytes missing); the download or copy did not finish"
         )
-    return ModelInfo(path, file_size, version, metadata, tuple(tensors), tuple(tokens), data_offset)
+    info = ModelInfo(path, file_size, version, metadata, tuple(tensors), tuple(tokens), data_offset)
+    problem = header_problem(info, value_types, cur.elem_types)
+    if problem is not None:
+        raise ModelFileError(f"{path}: {problem}; the file is damaged or was not made for llama.cpp")
+    return info
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -10,14 +10,11 @@ The registry knows nothing about loading models: it turns a pair name into two f
 from __future__ import annotations
 
 import difflib
-import errno
 import os
 import re
-import shutil
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 try:
     import tomllib
@@ -26,17 +23,17 @@ except ModuleNotFoundError:  # Python 3.10
 
 from ..config import CACHE_TYPES, DRAFTER_KINDS, POLICY_NAMES
 from ..errors import RegistryError
+# the download side, also reachable from here (registry.pull, registry.hf_cache_dir, ...)
+from .download import (HUB_URL, _existing_local, cached_path, downloaded, fetch, hf_cache_dir,  # noqa: F401
+                       hub_endpoint, hub_offline, pull, remove)
 
 FILE_NAME = "models.toml"
 CONFIG_DIR_ENV = "LLAMASPEC_CONFIG_DIR"
 DEFAULT_PAIR = "default"
-DISK_MARGIN_BYTES = 256 * 2**20
-HUB_URL = "https://huggingface.co"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
-_TRUE = ("1", "ON", "YES", "TRUE")
 
 # key -> (accepted types, description); bool is not an int here
 _PAIR_FIELDS = {
@@ -332,185 +329,11 @@ def _table_line(text: str, name: str) -> str:
     return ""
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The Hugging Face cache
-# ---------------------------------------------------------------------------------------------------------------
-
-def hf_cache_dir() -> Path:
-    """huggingface_hub's cache folder, read from the environment now (not when huggingface_hub was imported)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
-def hub_offline() -> bool:
-    return any(os.environ.get(var, "").upper() in _TRUE for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def hub_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", HUB_URL).rstrip("/")
-
-
-def cached_path(ref: ModelRef) -> Path | None:
-    """Where the model's file is on this machine, or None when it is not there (yet)."""
-    if ref.is_local:
-        path = ref.local_path()
-        return path if path.is_file() else None
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(ref.repo, ref.file, cache_dir=str(hf_cache_dir()), revision=ref.revision)
-    return Path(found) if isinstance(found, str) and os.path.isfile(found) else None
-
-
-def downloaded(entry: PairEntry) -> tuple[Path | None, ...]:
-    """Where each of entry.models is on this machine (None: not there yet)."""
-    return tuple(cached_path(ref) for ref in entry.models)
-
-
-def fetch(ref: ModelRef) -> Path:
-    """The local file of a model, downloading it into the Hugging Face cache when it is not there."""
-    if ref.is_local:
-        return _existing_local(ref)
-    from huggingface_hub import constants, hf_hub_download
-
-    cache, offline = hf_cache_dir(), hub_offline()
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import: follow the environment as it is now
-    constants.HF_HUB_OFFLINE = offline
-    with _hub_errors(ref):
-        if not offline and cached_path(ref) is None:
-            _check_disk_space(ref, cache)
-        path = hf_hub_download(ref.repo, ref.file, revision=ref.revision, cache_dir=str(cache),
-                               endpoint=hub_endpoint(), local_files_only=offline)
-    return Path(path)
-
-
-def pull(entry: PairEntry) -> tuple[Path, ...]:
-    """Download the files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
-    from ..gguf.reader import check_pair, read_model_info
-
-    paths = tuple(fetch(ref) for ref in entry.models)
-    infos = [read_model_info(p) for p in paths]
-    if len(infos) == 2:
-        check_pair(*infos)
-    return paths
-
-
-def remove(ref: ModelRef) -> int:
-    """Delete a model's file from the Hugging Face cache (its snapshot links and blob); returns the bytes freed."""
-    if ref.is_local:
-        return 0
-    storage = hf_cache_dir() / ("models--" + ref.repo.replace("/", "--"))
-    snapshots = storage / "snapshots"
-    pointers = [p for p in snapshots.glob(f"*/{ref.file}") if p.is_symlink() or p.is_file()]
-    blobs = {p.resolve() for p in pointers if p.is_symlink()}
-    freed = 0
-    for pointer in pointers:
-        if not pointer.is_symlink():  # a copy where symlinks are not available
-            freed += pointer.stat().st_size
-        pointer.unlink()
-    still_linked = {p.resolve() for p in snapshots.rglob("*") if p.is_symlink()}
-    for blob in blobs - still_linked:
-        if blob.is_file():
-            freed += blob.stat().st_size
-            blob.unlink()
-    return freed
-
-
-def _existing_local(ref: ModelRef) -> Path:
-    path = ref.local_path()
-    if "$" in str(path):
-        unset = re.findall(r"\$\{?(\w+)", str(path))
-        raise RegistryError(f"{ref.path}: environment variable {unset[0]} is not set")
-    if not path.is_file():
-        raise RegistryError(f"{path}: no such model file")
-    return path
-
-
-def _check_disk_space(ref: ModelRef, cache: Path) -> None:
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-
-    size = get_hf_file_metadata(hf_hub_url(ref.repo, ref.file, revision=ref.revision, endpoint=hub_endpoint())).size
-    free = _free_bytes(cache)
-    if size and free is not None and free < size + DISK_MARGIN_BYTES:
-        raise RegistryError(f"not enough disk space for {ref.label}: it needs {_gb(size)}, {_gb(free)} is free in "
-                            f"{cache} (free some space, or point HF_HOME at a larger disk)")
-
-
-def _free_bytes(path: Path) -> int | None:
-    for folder in (path, *path.parents):
-        if folder.exists():
-            return shutil.disk_usage(folder).free
-    return None
-
-
-def _gb(n_bytes: float) -> str:
-    return f"{n_bytes / 1e9:.1f} GB"
-
-
-@contextmanager
-def _hub_errors(ref: ModelRef):
-    """huggingface_hub's exceptions (and the network's) as one RegistryError line naming the file."""
-    from huggingface_hub import utils as hf
-
-    label, endpoint = f"{ref.file} from {ref.repo}", hub_endpoint()
-    try:
-        yield
-    except hf.GatedRepoError:
-        raise RegistryError(f"{ref.repo} is gated: accept its license at {HUB_URL}/{ref.repo} and set HF_TOKEN to a "
-                            "token of that account") from None
-    except hf.RepositoryNotFoundError:
-        raise RegistryError(f"repository {ref.repo} not found at {endpoint} (a private repo needs HF_TOKEN)") from None
-    except hf.RevisionNotFoundError:
-        raise RegistryError(f"revision {ref.revision} not found in repository {ref.repo}") from None
-    except hf.LocalEntryNotFoundError:
-        raise RegistryError(_not_cached_message(label, endpoint)) from None
-    except hf.EntryNotFoundError:
-        raise RegistryError(f"file {ref.file} not found in repository {ref.repo}") from None
-    except hf.OfflineModeIsEnabled:
-        raise RegistryError(_not_cached_message(label, endpoint)) from None
-    except hf.HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", "?")
-        raise RegistryError(f"downloading {label} failed: HTTP {status} from {endpoint}; run the same command again "
-                            "to retry") from None
-    except _transport_errors() as e:
-        raise RegistryError(f"cannot reach {endpoint} to download {label} ({type(e).__name__}); check the network "
-                            "and run the same command again") from None
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise RegistryError(f"disk full while downloading {label} into {hf_cache_dir()} (free some space, or "
-                                "point HF_HOME at a larger disk)") from None
-        if "Consistency check failed" in str(e):
-            raise RegistryError(f"the download of {label} was cut short; run the same command again") from None
-        raise
-
-
-def _not_cached_message(label: str, endpoint: str) -> str:
-    if hub_offline():
-        return f"{label} is not in the local cache ({hf_cache_dir()}) and HF_HUB_OFFLINE is set; unset it to download"
-    return f"cannot reach {endpoint} to download {label}, and it is not cached; check the network connection"
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
-                         ("requests", "ConnectionError"), ("requests", "Timeout")):
-        cls = getattr(sys.modules.get(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append(cls)
-    return tuple(found)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A pair name -> two files
-# ---------------------------------------------------------------------------------------------------------------
-
-def resolve_pair(name: str, assume_yes: bool = False) -> tuple[str, str | None, dict]:
-    """(target path, draft path, defaults) of a named pair; downloads the files on first use, after asking (a
-    terminal), at once (assume_yes), or not at all (no terminal and no assume_yes: a RegistryError says how)."""
+def resolve_pair(name: str, assume_yes: bool = False,
+                 confirm: Callable[[str], bool] | None = None) -> tuple[str, str | None, dict]:
+    """(target path, draft path, defaults) of a named pair; downloads the files on first use: at once
+    (assume_yes), after `confirm(question)` says yes (the CLI asks on a terminal), or not at all (a RegistryError
+    says how). The library never prompts by itself."""
     entry = get_pair(name)
     for ref in entry.models:
         if ref.is_local:
@@ -519,23 +342,13 @@ def resolve_pair(name: str, assume_yes: bool = False) -> tuple[str, str | None, 
     if None in paths:
         missing = [ref for ref, path in zip(entry.models, paths) if path is None]
         if not assume_yes:
-            _confirm_download(entry, missing)
+            files = " and ".join(ref.file + (f" ({ref.size_gb:g} GB)" if ref.size_gb else "") for ref in missing)
+            if confirm is None:
+                raise RegistryError(f"pair {entry.name!r} is not downloaded yet ({files}); run `llamaspec models "
+                                    f"pull {entry.name}` or pass --yes to download it now")
+            if not confirm(f"Pair {entry.name!r} needs {files} from Hugging Face. Download now?"):
+                raise RegistryError(f"download declined; `llamaspec models pull {entry.name}` fetches the files "
+                                    "later")
         paths = pull(entry)
     target, draft = paths if len(paths) == 2 else (paths[0], None)
     return str(target), (str(draft) if draft is not None else None), entry.defaults()
-
-
-def _confirm_download(entry: PairEntry, missing: list[ModelRef]) -> None:
-    files = " and ".join(ref.file + (f" ({ref.size_gb:g} GB)" if ref.size_gb else "") for ref in missing)
-    if not _stdin_is_tty():
-        raise RegistryError(f"pair {entry.name!r} is not downloaded yet ({files}); run `llamaspec models pull "
-                            f"{entry.name}` or pass --yes to download it now")
-    import click
-
-    if not click.confirm(f"Pair {entry.name!r} needs {files} from Hugging Face. Download now?", default=True,
-                         err=True):
-        raise RegistryError(f"download declined; `llamaspec models pull {entry.name}` fetches the files later")
-
-
-def _stdin_is_tty() -> bool:
-    return sys.stdin is not None and sys.stdin.isatty()

@@ -1,0 +1,141 @@
+"""The server's OpenAPI 3.1 description (served at /openapi.json): its routes and the request bodies exactly as
+validation.py accepts them. A body that fits these schemas gets a 2xx, or a 400 only for what a schema cannot
+say (a prompt longer than the context, a token id beyond the vocabulary, a template that refuses the messages).
+
+Knows nothing about the app: it reads the limits from validation.py, and the tests hold the two together.
+"""
+from __future__ import annotations
+
+from .. import __version__
+from ..config import POLICY_NAMES
+from .validation import MAX_MESSAGES, MAX_STOP
+
+REF = "#/components/schemas/"
+
+
+def _nullable(schema: dict) -> dict:
+    """null is accepted for every optional field and means 'not given'."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_TEXT = {"type": "string", "description": "Unicode text: no lone surrogates (\\ud800-\\udfff)."}
+_MESSAGE_TEXT = {"type": "string", "description": "Unicode text without lone surrogates or the noncharacters "
+                                                  "U+FDD0-U+FDEF, which the server reserves. Special-token text "
+                                                  "(like <|im_start|>) stays plain text."}
+
+_SAMPLING = {
+    "model": _nullable({"type": "string", "description": "Ignored: the server serves one model."}),
+    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+    "max_completion_tokens": _nullable({"type": "integer", "minimum": 1,
+                                        "description": "Wins over max_tokens when both are given."}),
+    "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+    "top_k": _nullable({"type": "integer", "minimum": 0}),
+    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "seed": _nullable({"type": "integer", "minimum": 0}),
+    "stop": _nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "maxItems": MAX_STOP}]}),
+    "stream": _nullable({"type": "boolean"}),
+    "stream_options": _nullable({"type": "object", "properties": {
+        "include_usage": _nullable({"type": "boolean"})}}),
+    # OpenAI fields accepted only with their default value
+    "n": _nullable({"const": 1}),
+    "best_of": _nullable({"const": 1}),
+    "presence_penalty": _nullable({"const": 0}),
+    "frequency_penalty": _nullable({"const": 0}),
+    "logprobs": _nullable({"enum": [False, 0]}),
+    "top_logprobs": _nullable({"const": 0}),
+    "echo": _nullable({"const": False}),
+    "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
+    "suffix": _nullable({"const": ""}),
+    "tools": _nullable({"type": "array", "maxItems": 0}),
+    "functions": _nullable({"type": "array", "maxItems": 0}),
+    "tool_choice": _nullable({"const": "none"}),
+    "function_call": _nullable({"const": "none"}),
+    "response_format": _nullable({"type": "object", "required": ["type"],
+                                  "properties": {"type": {"const": "text"}}}),
+}
+
+SCHEMAS = {
+    "TextPart": {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": _MESSAGE_TEXT}},
+    "Message": {"type": "object", "required": ["role"], "properties": {
+        "role": {**_MESSAGE_TEXT, "description": "Any role the chat template accepts; without special-token text."},
+        "content": _nullable({"anyOf": [_MESSAGE_TEXT, {"type": "array", "items": {"$ref": REF + "TextPart"}}]})}},
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+        "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {"$ref": REF + "Message"}},
+        **_SAMPLING}},
+    "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
+        "prompt": {"anyOf": [
+            {**_TEXT, "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0},
+             "description": "Token ids, each below the model's vocabulary size."},
+            {"type": "array", "minItems": 1, "maxItems": 1, "description": "A batch of one prompt.",
+             "items": {"anyOf": [{**_TEXT, "minLength": 1},
+                                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]}}]},
+        **_SAMPLING}},
+    "PolicyUpdate": {"type": "object", "additionalProperties": False, "properties": {
+        "policy": _nullable({"enum": list(POLICY_NAMES)}),
+        "draft_max": _nullable({"type": "integer", "minimum": 0}),
+        "draft_min": _nullable({"type": "integer", "minimum": 0}),
+        "draft_p_min": _nullable({"type": "number", "minimum": 0, "exclusiveMaximum": 1})}},
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
+}
+
+_ERRORS = {
+    "400": "Invalid request (the field at fault is in error.param)", "401": "Missing or wrong API key",
+    "403": "Host or Origin not allowed, or admin routes off", "408": "The body did not arrive in time",
+    "413": "Body larger than the limit", "415": "Body not sent as application/json",
+    "429": "Queue full (Retry-After)", "503": "Shutting down",
+}
+
+
+def _errors(*codes: str) -> dict:
+    return {c: {"description": _ERRORS[c], "content": {"application/json": {"schema": {"$ref": REF + "Error"}}}}
+            for c in codes}
+
+
+def _post(summary: str, schema: str, streams: bool = True) -> dict:
+    ok = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        ok["text/event-stream"] = {"schema": {"type": "string", "description": "Chunks as server-sent events, then "
+                                                                               "'data: [DONE]'."}}
+    return {"summary": summary, "requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": REF + schema}}}},
+        "responses": {"200": {"description": "OK", "content": ok},
+                      **_errors("400", "401", "403", "408", "413", "415", "429", "503")}}
+
+
+def _get(summary: str, media_type: str = "application/json", public: bool = False) -> dict:
+    op = {"summary": summary, "responses": {"200": {"description": "OK", "content": {media_type: {}}},
+                                            **_errors("401", "403")}}
+    if public:
+        op["security"] = []
+    return op
+
+
+def openapi_description(max_body_bytes: int) -> dict:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llamaspec serve", "version": __version__,
+                 "description": f"OpenAI-compatible endpoint over a speculative pair. Bodies: application/json, at "
+                                f"most {max_body_bytes} bytes."},
+        "components": {"schemas": SCHEMAS,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "--api-key (admin routes: --admin-key)"}}},
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/chat/completions": {"post": _post("Chat completion", "ChatCompletionRequest")},
+            "/v1/completions": {"post": _post("Text completion", "CompletionRequest")},
+            "/v1/models": {"get": _get("The served model")},
+            "/v1/models/{model}": {"get": {**_get("One model"), "parameters": [
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]}},
+            "/health": {"get": _get("Liveness and queue depth", public=True)},
+            "/metrics": {"get": _get("Prometheus metrics", "text/plain")},
+            "/openapi.json": {"get": _get("This description", public=True)},
+            "/admin/config": {"get": _get("Draft policy and its settings"),
+                              "patch": _post("Change the draft policy", "PolicyUpdate", streams=False)},
+        },
+    }

@@ -1,0 +1,193 @@
+"""The one thread that touches the Pair: it takes jobs in arrival order, turns each prompt into token ids (chat
+template and tokenizer run here, off the event loop, at a cost bounded by the context size: prompt.py), generates,
+and sends events back to the event loop. At most `max_queue` jobs wait while one runs.
+
+Testable without HTTP: give it a pair, a ServerMetrics and a loop, submit Jobs, read their `events`.
+Knows nothing about HTTP or response formats; it speaks GenerationRequest in and (kind, value) events out.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from ..chat_template import ChatTemplate
+from ..errors import LlamaspecError
+from .formats import APIError
+from .metrics import ServerMetrics
+from .prompt import Cancelled, PromptTokenizer, chat_segments
+from .validation import GenerationRequest
+
+
+class Job:
+    """One request on its way through the worker; events go back to the event loop as (kind, value):
+    ("start", None), ("text", str)..., then ("done", GenerationStats) or ("error", exception)."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.submitted = time.monotonic()
+        self._loop = loop
+
+    def emit(self, kind: str, value=None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop has stopped: nobody is listening any more
+            self.cancelled.set()
+
+
+_WAKE = object()
+_STOP = object()
+
+
+class Worker:
+    """Runs jobs one at a time, in arrival order; at most `max_queue` wait while one runs."""
+
+    def __init__(self, pair, metrics: ServerMetrics, max_queue: int, template: ChatTemplate | None = None):
+        self.pair, self.metrics, self.max_queue, self.template = pair, metrics, max_queue, template
+        self.tokenizer = PromptTokenizer(pair.target, pair.n_ctx)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued: dict[int, Job] = {}
+        self._running: Job | None = None
+        self._policies: list[tuple[Any, concurrent.futures.Future]] = []
+        self._thread = threading.Thread(target=self._loop, name="llamaspec-worker", daemon=True)
+        self._stopping = False
+
+    # -- called from the event loop ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def depth(self) -> tuple[int, int]:
+        """(waiting, running)."""
+        with self._lock:
+            return len(self._queued), int(self._running is not None)
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; False when the queue is full or the worker is stopping."""
+        with self._lock:
+            busy = len(self._queued) + int(self._running is not None)
+            if self._stopping or busy > self.max_queue:
+                return False
+            self._queued[id(job)] = job
+        self._inbox.put(job)
+        return True
+
+    def cancel(self, job: Job) -> None:
+        """Drop a waiting job at once; a running one stops at its next token (or its next tokenizer chunk).
+        Harmless on a finished job."""
+        job.cancelled.set()
+        with self._lock:
+            self._queued.pop(id(job), None)
+
+    def set_policy(self, policy) -> concurrent.futures.Future:
+        """Swap the draft policy between two engine steps; the future resolves once it is in place."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._policies.append((policy, done))
+        self._inbox.put(_WAKE)
+        return done
+
+    def refuse_new(self) -> None:
+        with self._lock:
+            self._stopping = True
+
+    def cancel_all(self) -> None:
+        """Answer waiting jobs with 503 and stop the running one (it ends with what it has generated)."""
+        with self._lock:
+            self._stopping = True
+            waiting, self._queued = list(self._queued.values()), {}
+            if self._running is not None:
+                self._running.cancelled.set()
+        for job in waiting:
+            job.cancelled.set()
+            job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Cancel every job and end the thread; False if it did not end within `timeout`."""
+        self.cancel_all()
+        self._inbox.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the worker thread ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            item = self._inbox.get()
+            self._apply_policies()
+            if item is _STOP:
+                return
+            if item is _WAKE:
+                continue
+            with self._lock:
+                if self._queued.pop(id(item), None) is None:
+                    continue  # cancelled while waiting
+                self._running = item
+            try:
+                self._run(item)
+            except Exception:  # never let one request take the worker down
+                traceback.print_exc(file=sys.stderr)
+                item.emit("error", APIError(500, "internal error", kind="server_error"))
+            finally:
+                with self._lock:
+                    self._running = None
+
+    def _apply_policies(self) -> None:
+        with self._lock:
+            pending, self._policies = self._policies, []
+        for policy, done in pending:
+            self.pair.set_policy(policy)
+            done.set_result(self.pair.policy)
+
+    def prompt_tokens(self, req: GenerationRequest, cancelled: threading.Event | None = None) -> list[int]:
+        """The request's prompt as token ids; raises LlamaspecError (a template failure, a prompt that cannot fit)
+        or Cancelled."""
+        if isinstance(req.prompt, str):
+            return self.tokenizer.tokenize([(req.prompt, True)], add_special=True, cancelled=cancelled)
+        if req.chat:
+            segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer)
+            return self.tokenizer.tokenize(segments, add_special=add_bos, cancelled=cancelled)
+        return req.prompt
+
+    def _run(self, job: Job) -> None:
+        req = job.request
+        self.metrics.queue_wait.observe(time.monotonic() - job.submitted)
+        try:
+            tokens = self.prompt_tokens(req, job.cancelled)
+            pieces = self.pair.stream(tokens, max_tokens=req.max_tokens or self.pair.n_ctx, stop=req.stop,
+                                      add_special=False, **req.sampling)
+        except Cancelled:  # the client left (nobody reads this) or the server is stopping
+            job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
+            return
+        except LlamaspecError as e:
+            job.emit("error", e)
+            return
+        job.emit("start")
+        error = None
+        try:
+            for piece in pieces:
+                if piece.text:
+                    job.emit("text", piece.text)
+                self._apply_policies()
+                if job.cancelled.is_set():
+                    break
+        except Exception as e:  # a decode failure (or a bug): the engine has rolled its caches back already
+            if not isinstance(e, LlamaspecError):
+                traceback.print_exc(file=sys.stderr)
+            error = e
+        finally:
+            pieces.close()
+        stats = self.pair.last_stats
+        self.metrics.record_generation(stats)
+        if error is not None:
+            job.emit("error", error)
+        else:
+            job.emit("done", stats)

@@ -1,0 +1,129 @@
+"""Filtering on the device (llama.cpp's sampler chains; llama.cpp's CPU backend runs them here) against numpy's
+filters: the same distributions from the same logits, fresh draws that follow them, and the engine on either path
+keeping the target's distribution. Tiny generated models with the real Qwen2 vocabulary (151,936 ids)."""
+import numpy as np
+import pytest
+
+from chisq import assert_follows
+from gguf_factory import make_tiny_model
+from llamaspec import load_pair
+from llamaspec.backend import Context, Model
+from llamaspec.config import ModelConfig
+from llamaspec.policy import FixedPolicy
+from llamaspec.sampling import SamplerConfig, filter_logits, filtered_probs
+
+PROMPT = "def quicksort(arr):"
+CONFIGS = [SamplerConfig(0.8), SamplerConfig(0.8, top_k=40), SamplerConfig(1.0, top_p=0.9),
+           SamplerConfig(0.7, min_p=0.05), SamplerConfig(0.8, top_k=40, top_p=0.95, min_p=0.05),
+           SamplerConfig(1.2, top_p=0.8, min_p=0.02)]
+OPTIONS = ModelConfig(no_repack=True, n_ctx=256, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, vocab_dir):
+    """logit_scale 25 spreads the next-token distribution like a real model's (best token about 0.24, a 0.9
+    nucleus of some 600 ids); the draft's output matrix is perturbed so that it disagrees sometimes."""
+    d = tmp_path_factory.mktemp("sampling-models")
+    qwen = vocab_dir / "ggml-vocab-qwen2.gguf"
+    return {"target": make_tiny_model(d / "target.gguf", qwen, seed=1, logit_scale=25.0),
+            "draft": make_tiny_model(d / "draft.gguf", qwen, seed=1, logit_scale=25.0, output_noise=0.6,
+                                     name="tiny-draft")}
+
+
+@pytest.fixture(scope="module")
+def ctx(models):
+    model = Model(models["target"], OPTIONS)
+    context = Context(model, OPTIONS)
+    yield context
+    context.close()
+    model.close()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+def test_device_and_numpy_filters_agree_on_the_same_logits(ctx, cfg):
+    tokens = ctx.model.tokenize(PROMPT)
+    ctx.clear()
+    logits = np.array(ctx.eval(tokens, logits="all"))
+    ctx.clear()
+    assert ctx.set_device_sampler(cfg, seed=1)
+    dists = ctx.eval_dists(tokens, rows="all")
+    assert len(dists) == len(tokens)
+    for row, dist in zip(logits, dists):
+        device = dist.dense(ctx.n_vocab)
+        numpy_path = filter_logits(row, cfg).dense(ctx.n_vocab)
+        assert np.count_nonzero(device) == np.count_nonzero(numpy_path)
+        np.testing.assert_allclose(device, numpy_path, atol=1e-6, rtol=1e-4)
+        np.testing.assert_allclose(device, filtered_probs(row, cfg), atol=1e-6, rtol=1e-4)
+        assert device[dist.draw] > 0  # the device's draw lies in the kept set
+    truncated = cfg.top_k or cfg.top_p < 1
+    assert all((d.ids is not None) == bool(truncated) for d in dists)  # only the kept candidates came back
+    ctx.set_device_sampler(None)
+
+
+def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx):
+    """The same row decoded again and again: each decode's draw is new (llama.cpp replays uncommitted draws of
+    several-output contexts) and the draws follow the returned probabilities."""
+    tokens = ctx.model.tokenize(PROMPT)
+    ctx.clear()
+    ctx.eval(tokens[:-1], logits="none")
+    assert ctx.set_device_sampler(SamplerConfig(1.0, top_k=10), seed=3)
+    counts = np.zeros(ctx.n_vocab)
+    probs = None
+    for _ in range(400):
+        ctx.keep(len(tokens) - 1)
+        dist = ctx.eval_dists(tokens[-1:])[0]
+        probs = dist.dense(ctx.n_vocab) if probs is None else probs
+        counts[dist.draw] += 1
+    assert np.count_nonzero(counts) > 3
+    assert_follows(counts, probs)
+    ctx.set_device_sampler(None)
+
+
+def test_a_logits_eval_detaches_the_device_sampler(ctx):
+    tokens = ctx.model.tokenize(PROMPT)
+    ctx.clear()
+    expected = np.array(ctx.eval(tokens, logits="last")[0])
+    ctx.keep(len(tokens) - 1)
+    assert ctx.set_device_sampler(SamplerConfig(0.8, top_k=5), seed=1) and ctx.device_sampler
+    row = ctx.eval(tokens[-1:], logits="last")[0]
+    assert not ctx.device_sampler
+    np.testing.assert_allclose(row, expected, atol=1e-4)
+
+
+def test_engine_filters_on_the_device_for_draft_and_target_together(models, monkeypatch):
+    with load_pair(models["target"], models["draft"], n_ctx=256, policy="fixed", draft_max=3, no_repack=True,
+                   n_threads=2) as pair:
+        monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "1")
+        a = pair.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, seed=7)
+        assert pair.target_ctx.device_sampler and pair.draft_ctx.device_sampler and a.stats.drafted > 0
+        assert pair.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, seed=7).tokens == a.tokens
+        monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "0")
+        b = pair.generate(PROMPT, max_tokens=24, temperature=0.8, top_k=40, seed=7)
+        assert not pair.target_ctx.device_sampler and not pair.draft_ctx.device_sampler and b.stats.drafted > 0
+        greedy = pair.generate(PROMPT, max_tokens=8)  # after sampling: the argmax chain again
+        assert pair.target_ctx.device_argmax and len(greedy.tokens) == 8
+
+
+@pytest.mark.parametrize("device", ["1", "0"], ids=["device", "numpy"])
+@pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8)],
+                         ids=["top_k", "top_p"])
+def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeypatch, device, cfg):
+    """Speculative sampling (3 drafted tokens, a draft that disagrees often) on either path: the first token
+    follows the target's filtered distribution, by chi-square at the 0.1% level."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", device)
+    tokens = ctx.model.tokenize(PROMPT)
+    ctx.clear()
+    p = filtered_probs(np.array(ctx.eval(tokens, logits="last")[0]), cfg).astype(np.float64)
+    counts = np.zeros(len(p))
+    drafted = accepted = 0
+    with load_pair(models["target"], models["draft"], n_ctx=256, no_repack=True, n_threads=2) as pair:
+        pair.set_policy(FixedPolicy(3))
+        for seed in range(300):
+            c = pair.generate(tokens, max_tokens=2, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                              seed=seed)
+            counts[c.tokens[0]] += 1
+            drafted += c.stats.drafted
+            accepted += c.stats.accepted
+        assert pair.target_ctx.device_sampler == (device == "1")
+    assert drafted > 0 and 0 < accepted < drafted  # the draft's tokens were used, and some were rejected
+    assert_follows(counts, p)
