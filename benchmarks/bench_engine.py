@@ -55,6 +55,8 @@ class Row:
     passes: int = 0
     overhead: list = field(default_factory=list)   # Python overhead fraction per request
     step_overhead_ms: list = field(default_factory=list)
+    draft_seconds: float = 0.0     # time drafting (the cost ratio c = draft time per token / plain's time per pass)
+    verify_seconds: float = 0.0    # time verifying (v(k+1) = verify time per pass / plain's)
     rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
 
     @property
@@ -97,6 +99,8 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filter
         row.drafted += s.drafted
         row.accepted += s.accepted
         row.passes += s.target_passes
+        row.draft_seconds += s.time_draft
+        row.verify_seconds += s.time_verify
         row.overhead.append(s.python_overhead)
         if s.target_passes:
             row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
@@ -121,7 +125,9 @@ def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_t
     if no_repack:
         cmd.append("--no-repack")
     env = dict(os.environ, LD_LIBRARY_PATH=f"{tools}:{os.environ.get('LD_LIBRARY_PATH', '')}")
-    for _ in range(3):  # its log is written by a thread: on a busy machine the last lines can miss the exit
+    # llama.cpp's log is written by a thread it never flushes at exit (common/log.cpp): on a busy CPU the last lines,
+    # the statistics, can be lost. Run again when they are.
+    for _ in range(5):
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=1800)
         log = out.stdout + out.stderr
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
@@ -176,7 +182,7 @@ def main() -> None:
     temps = [float(t) for t in a.temps.split(",")]
     filters = {"top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p}
     modes = a.modes.split(",")
-    lines = [f"# llamaspec engine benchmark", "",
+    lines = ["# llamaspec engine benchmark", "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {Path(a.target).name}; draft: {Path(a.draft).name if a.draft else 'none'}; "
              f"drafter: {a.drafter} (llama.cpp: --spec-type {a.spec_type if a.draft else 'draft-mtp'})",
@@ -222,18 +228,22 @@ def main() -> None:
             f" (llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'})"
         lines += [f"## temperature {temperature}{where}", "",
                   "| mode | tok/s | vs plain | drafted | acceptance | tokens/pass | Python overhead | per step | "
-                  "rollback per step |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "rollback per step | draft per token | verify per pass |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             tpp = f"{r.tokens / r.passes:.2f}" if r.passes else "-"
             ovh = f"{100 * sum(r.overhead) / len(r.overhead):.1f}%" if r.overhead else "-"
             step = f"{sum(r.step_overhead_ms) / len(r.step_overhead_ms):.2f} ms" if r.step_overhead_ms else "-"
             rollback = f"{sum(r.rollback_ms) / len(r.rollback_ms):.3f} ms" if r.rollback_ms else "-"
+            per_draft = f"{1000 * r.draft_seconds / r.drafted:.2f} ms" if r.drafted else "-"
+            per_pass = f"{1000 * r.verify_seconds / r.passes:.2f} ms" if r.passes else "-"
             lines.append(f"| {r.mode} | {r.tps:.2f} | {r.tps / plain.tps:.2f}x | {r.drafted} | "
-                         f"{100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} | {rollback} |")
+                         f"{100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} | {rollback} | {per_draft} | {per_pass} |")
             results.append({"temperature": temperature, "mode": r.mode, "tok_s": r.tps, "vs_plain": r.tps / plain.tps,
                             "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance,
-                            "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None})
+                            "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
+                            "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
+                            "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None})
         lines.append("")
     report = "\n".join(lines)
     print(report)

@@ -133,7 +133,8 @@ def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
                                     f"model ({draft})", param="drafter")
     if info.n_layer_nextn <= 0:
         raise UnsupportedModelError(f"{info.path}: no multi-token-prediction (MTP) head in this file "
-                                    f"({info.arch}.nextn_predict_layers is 0); draft with a model (-md) or --lookup-only")
+                                    f"({info.arch}.nextn_predict_layers is 0); draft with a model (-md) or "
+                                    "--lookup-only")
     from .backend.mtp import MTP_GRAPH_ARCHS
 
     if info.arch not in MTP_GRAPH_ARCHS:

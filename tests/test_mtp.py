@@ -330,3 +330,24 @@ def test_spec_type_names_map_onto_drafter_kinds():
     assert chosen_drafter({"drafter_kind": "mtp", "spec_type": "draft-mtp"}) == ("mtp", False)
     with pytest.raises(click.UsageError, match="disagree"):
         chosen_drafter({"drafter": "lookup", "spec_type": "draft-mtp"})
+
+
+def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
+    """benchmarks/synth_mtp.py --preset tiny: the head is right on a known fraction a of the vocabulary, so with k=3
+    a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "synth_mtp.py"
+    out = tmp_path / "synth.gguf"
+    run = subprocess.run([sys.executable, str(script), str(out), "--preset", "tiny", "--agree", "0.7"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    expected = plain_tokens(out, [5, 6, 7], 96)
+    assert len({(b - a) % 4096 for a, b in zip(expected, expected[1:])}) == 1     # x -> x + c
+    with mtp_pair(out, "mtp", 3) as pair:
+        c = pair.generate([5, 6, 7], max_tokens=96)
+    assert c.tokens == expected
+    per_pass = c.stats.tokens_generated / c.stats.target_passes
+    assert abs(per_pass - (1 + 0.7 + 0.7 ** 2 + 0.7 ** 3)) < 0.45, per_pass

@@ -60,9 +60,9 @@ class MTPContext(Context):
     """The MTP head of `target_ctx`'s model, at the target's context size, following the target's positions.
 
     `decode(tokens, first_hidden, rest_hidden, output)` appends (token, hidden state) entries at n_past..;
-    `last_logits()` / `last_argmax()` / `last_hidden()` read the result for its last entry. `keep(n)` always works (a plain KV cache);
-    `restart_at(p)` empties the cache and goes on at position p (llama.cpp accepts any first position in an empty
-    cache), for when the hidden states of the positions before p are gone.
+    `last_logits()` / `last_argmax()` / `last_hidden()` read the result for its last entry. `keep(n)` always works
+    (a plain KV cache); `restart_at(p)` empties the cache and goes on at position p (llama.cpp accepts any first
+    position in an empty cache), for when the hidden states of the positions before p are gone.
     """
 
     def __init__(self, target_ctx: Context):
