@@ -15,12 +15,12 @@ from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
 from ..sampling import Dist, SamplerConfig
 from .model import Model
-from .native import (CACHE_TYPE_IDS, FLASH_ATTN, default_threads, env_flag, llama_cpp, load_error, native_log,
-                     nextn_functions, supports_gpu_offload)
+from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, default_threads, env_flag, llama_cpp, load_error,
+                     native_log, nextn_functions, supports_gpu_offload)
 from .rollback import NoRollback, Rollback, TailDrop, choose_rollback
 
 
-class Context:
+class Context(NativeHandle):
     """One sequence's KV cache over a model, with explicit positions.
 
     `eval(tokens, logits)` appends tokens at positions n_past.. and returns the logits rows asked for as a view
@@ -477,12 +477,6 @@ class Context:
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _is_zero(p) -> bool:

@@ -24,7 +24,7 @@ from ..errors import DecodeError, UnsupportedModelError
 from ..gguf.hidden_pair import HEAD_TAP_ARCHS, TAP_ARCHS, hidden_draft_info
 from .context import Context
 from .model import Model
-from .native import CACHE_TYPE_IDS, FLASH_ATTN, default_threads, llama_cpp, load_error, native_log
+from .native import CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, default_threads, llama_cpp, load_error, native_log
 
 _FLOAT_P = ctypes.POINTER(ctypes.c_float)
 _CTX = ctypes.c_void_p
@@ -115,7 +115,7 @@ class LayerTaps:
             out[:n, k * e:(k + 1) * e] = np.ctypeslib.as_array(ptr, shape=(n, e))
 
 
-class HiddenDraftContext:
+class HiddenDraftContext(NativeHandle):
     """The context of an EAGLE-3 or DFlash draft model, bound to its target's context (`ctx_other`), with the taps
     on the target's layers it reads (`taps`) and what its header says (`info`, a gguf.hidden_pair.HiddenDraftInfo).
 
@@ -282,9 +282,3 @@ class HiddenDraftContext:
             llama_cpp.llama_batch_ext_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

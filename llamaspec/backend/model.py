@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import InvalidParameterError, ModelLoadError
 from ..gguf.reader import ModelInfo, read_model_info
 from .devices import _device_list, add_rpc_servers, devices
-from .native import SPLIT_MODES, init_backend, llama_cpp, load_error, native_log
+from .native import SPLIT_MODES, NativeHandle, init_backend, llama_cpp, load_error, native_log
 
 _VOCAB_KINDS = {"LLAMA_VOCAB_TYPE_SPM": "spm", "LLAMA_VOCAB_TYPE_BPE": "bpe", "LLAMA_VOCAB_TYPE_WPM": "wpm",
                 "LLAMA_VOCAB_TYPE_UGM": "ugm", "LLAMA_VOCAB_TYPE_RWKV": "rwkv", "LLAMA_VOCAB_TYPE_PLAMO2": "plamo2"}
@@ -30,7 +30,7 @@ class SpecialToken:
     rstrip: bool    # eats the whitespace on its right
 
 
-class Model:
+class Model(NativeHandle):
     """A loaded GGUF model: weights, vocabulary and tokenizer."""
 
     def __init__(self, path: str | os.PathLike, options: ModelConfig = ModelConfig(), info: ModelInfo | None = None):
@@ -166,10 +166,4 @@ class Model:
         if self._ptr is not None:
             llama_cpp.llama_model_free(self._ptr)
             self._ptr = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 

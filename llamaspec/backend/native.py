@@ -145,3 +145,17 @@ def system_info() -> str:
 def library_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
 
+
+
+class NativeHandle:
+    """Something that holds llama.cpp memory (a model, a context): `close()` frees it and may run twice; an
+    object nobody closed is closed when it is collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
