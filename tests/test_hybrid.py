@@ -197,10 +197,14 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
 
 
+@pytest.mark.parametrize("device", ["0", "1"])
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
-def test_sampled_tokens_after_a_rollback_follow_the_target_distribution(pairs, arch):
+def test_sampled_tokens_after_a_rollback_follow_the_target_distribution(pairs, arch, device, monkeypatch):
     """The joint law of the first two tokens: with a disagreeing one-token draft the second token is mostly
-    sampled after the first draft token was rejected and the recurrent state went back."""
+    sampled after the first draft token was rejected and the recurrent state went back. Filtered by numpy (0) and
+    by llama.cpp's sampler chain (1: the device path, here on the CPU backend), whose rows must follow a replay
+    that a checkpoint restore put in front of the batch."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", device)
     cfg = SamplerConfig(temperature=1.5, top_k=3)
     ctx = pairs(arch).target_ctx
     ctx.clear()
@@ -220,6 +224,7 @@ def test_sampled_tokens_after_a_rollback_follow_the_target_distribution(pairs, a
         counts[c.tokens[0], c.tokens[1]] += 1
         rejected += c.stats.drafted - c.stats.accepted
     assert rejected > 100                          # the second token mostly came after a rollback
+    assert pair.target_ctx.device_sampler == (device == "1")
     assert counts[joint == 0].sum() == 0           # nothing outside the target's top-k
     stat, dof = chi_square(counts.ravel(), joint.ravel() / joint.sum())
     assert dof >= 2
@@ -239,6 +244,20 @@ def continue_matches_fresh(pairs, pair, arch, prompt):
     got = pair.generate(prompt, max_tokens=12).tokens
     pair.reset()
     assert_same_or_near_tie(pairs, arch, prompt, got, pair.generate(prompt, max_tokens=12).tokens)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_device_filtering_follows_rollbacks_and_replays(pairs, arch, monkeypatch):
+    """Long sampled replies on llama.cpp's sampler chain with a draft that is mostly rejected: every restore and
+    replay (a single token included) lands at the right positions, and the caches end as recorded."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "1")
+    pair = pairs(arch, arch, 2)
+    pair.set_policy(FixedPolicy(N_RS_SEQ))
+    for seed in range(4):
+        pair.reset()
+        c = pair.generate(PROMPT, max_tokens=60, temperature=0.8, seed=seed)
+        assert len(c.tokens) == 60 and pair.target_ctx.device_sampler
+        assert_caches_consistent(pair)
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next", "llama"])

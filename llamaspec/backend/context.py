@@ -17,7 +17,7 @@ from ..sampling import Dist, SamplerConfig
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, default_threads, env_flag, llama_cpp, load_error,
                      native_log, nextn_functions, supports_gpu_offload)
-from .rollback import NoRollback, Rollback, TailDrop, choose_rollback
+from .rollback import NoRollback, Rollback, choose_rollback
 
 
 class Context(NativeHandle):
@@ -202,10 +202,6 @@ class Context(NativeHandle):
         """Whether sampling filters should run in llama.cpp's graph: when the output layer runs on a GPU. On the
         CPU backend numpy's filters cost less (top-p alone sorts the whole vocabulary there). The environment
         variable LLAMASPEC_DEVICE_SAMPLING=1 or 0 forces it on or off."""
-        if not isinstance(self.rollback, TailDrop):
-            # a recurrent memory restores and replays tokens; the device sampler's output rows have not been
-            # checked against replayed batches (an M-RoPE position error on a qwen35 target): numpy filters there
-            return False
         forced = os.environ.get("LLAMASPEC_DEVICE_SAMPLING", "").strip().lower()
         if forced in ("1", "on", "true", "yes", "0", "off", "false", "no"):
             return forced in ("1", "on", "true", "yes")
@@ -243,11 +239,12 @@ class Context(NativeHandle):
         buffers, valid until the next decode: `Dist.copy` what must outlive it."""
         if self._chain_kind != "sample":
             raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
-        if len(tokens) == 1:
+        if len(tokens) == 1 and not self.n_pending:
             self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
-        else:
+        else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
             self._decode(tokens, rows)
-        out = [self._sampled_dist(i) for i in (range(len(tokens)) if rows == "all" and len(tokens) > 1 else (-1,))]
+        out = [self._sampled_dist(self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+            else [self._sampled_dist(-1)]
         # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
         # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
         for _ in out:
