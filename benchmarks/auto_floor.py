@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from llamaspec import load_pair
-from llamaspec.bench import prepare_prompts
+from llamaspec.bench import auto_state, prepare_prompts
 from llamaspec.bench.prompts import PROMPT_SETS
 from llamaspec.backend import default_threads, library_version
-from llamaspec.policy import AutoPolicy, FixedPolicy, make_policy
+from llamaspec.policy import FixedPolicy, make_policy
 from llamaspec.sysinfo import hardware_line
 
 
@@ -43,15 +43,6 @@ def generate(pair, policy, prompt: list[int], tokens: int, temperature: float, s
 
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
-
-
-def policy_state(policy: AutoPolicy) -> str:
-    gain = policy.perfect_draft_gain()
-    v1, t_draft = policy.verify_time(1), policy.t_draft
-    points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy._sizes) if v1 else "-"
-    return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token "
-            f"{t_draft / v1:.2f}, {points}; perfect-draft gain {gain:.2f}" if gain is not None and t_draft
-            else "costs not measured")
 
 
 def main() -> None:
@@ -108,7 +99,7 @@ def main() -> None:
              f"- {len(prompts)} chat prompts ({a.prompts}, {a.per_set} each), {a.tokens} new tokens, {a.rounds} "
              f"rounds x temperatures {a.temps}, plain and auto alternating per prompt; {elapsed:.0f} s; "
              f"date {time.strftime('%Y-%m-%d %H:%M')}",
-             f"- auto's cost model at the end: {policy_state(auto)}", "",
+             f"- auto's cost model at the end: {auto_state(auto)}", "",
              "| temperature | round | plain s/reply | auto s/reply | total auto/plain | per-prompt time/token "
              "auto/plain: median [min-max] | TTFT plain s | TTFT auto s | TTFT auto/plain: median [min-max] | "
              "auto drafted | auto's draft-model decode s | greedy outputs equal |",

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from llamaspec import load_pair
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload
-from llamaspec.policy import make_policy
+from llamaspec.bench import auto_state
+from llamaspec.policy import AutoPolicy, make_policy
 
 CODE = [
     "def quicksort(arr):",
@@ -200,7 +201,7 @@ def main() -> None:
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:
-        rows = []
+        rows, states = [], []
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
         for mode, k in runs:
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
@@ -212,6 +213,8 @@ def main() -> None:
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
             rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
+            if isinstance(policy, AutoPolicy):   # what it measured explains what it chose
+                states.append(f"- {label}'s cost model at the end: {auto_state(policy)}")
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
@@ -244,7 +247,7 @@ def main() -> None:
                             "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
                             "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
                             "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None})
-        lines.append("")
+        lines += ["", *states, ""] if states else [""]
     report = "\n".join(lines)
     print(report)
     if a.out:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError
-from ..policy import POLICY_NAMES, DraftPolicy, FixedPolicy, make_policy
+from ..policy import POLICY_NAMES, AutoPolicy, DraftPolicy, FixedPolicy, make_policy
 from ..stats import GenerationStats
 
 WARMUP_TOKENS = 8
@@ -275,3 +275,15 @@ def _plot_against_temperature(report: BenchReport, ax_speed, ax_acc) -> None:
         ax_acc.plot(temps, [r.acceptance_rate or 0 for r in rows], **style)
     ax_speed.set(xlabel="temperature", ylabel="speedup vs plain (same temperature)", title="Speedup")
     ax_acc.set(xlabel="temperature", ylabel="acceptance rate", title="Acceptance", ylim=(0, 1))
+
+
+def auto_state(policy: AutoPolicy) -> str:
+    """One line of what an AutoPolicy has measured: the costs it decides by, relative to one plain pass."""
+    gain = policy.perfect_draft_gain()
+    v1, t_draft = policy.verify_time(1), policy.t_draft
+    if gain is None or not t_draft:
+        return "costs not measured"
+    points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy._sizes)
+    acceptance = ", ".join(f"{a:.2f}" for a in policy.acceptances()[1:6])
+    return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {t_draft / v1:.2f}, {points}; "
+            f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}")
