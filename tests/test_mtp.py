@@ -143,8 +143,12 @@ def test_head_cache_stays_consistent_over_rollbacks_turns_and_regenerations(mode
     assert c2.tokens == plain_tokens(path, turn2, 16)
 
 
+@pytest.mark.parametrize("device", ["0", "1"])
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
-def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens(model_dir, arch):
+def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens(model_dir, arch, device, monkeypatch):
+    """Filtered in numpy (0) or by llama.cpp's sampler chains on target and head (1: the device path, here on the
+    CPU backend): the head's q comes with the device's draw."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", device)
     path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
     cfg = SamplerConfig(temperature=1.0, top_k=3)
     prompt = PROMPT[:6]
@@ -163,6 +167,7 @@ def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens(model_di
             counts[c.tokens[0], c.tokens[1]] += 1
             drafted += c.stats.drafted
             accepted += c.stats.accepted
+        assert pair.drafter.ctx.device_sampler == (device == "1")
     assert accepted > 0 and accepted < drafted       # q was used, and rejections drew from the residual
     assert counts[joint == 0].sum() == 0
     stat, dof = chi_square(counts.ravel(), joint.ravel())

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, DecodeError, ModelLoadError, UnsupportedModelError
+from ..sampling import Dist
 from .context import Context
 from .native import llama_cpp, nextn_functions
 from .rollback import TailDrop
@@ -115,8 +116,8 @@ class MTPContext(Context):
     def decode(self, tokens: Sequence[int], first_hidden: np.ndarray, rest_hidden: np.ndarray | None = None,
                output: str | None = None) -> None:
         """Decode entries (tokens[i], hidden_i) at positions n_past.., hidden_0 = first_hidden and hidden_i =
-        rest_hidden[i-1]. output: None, "logits" or "argmax" (device-side; set_device_argmax first) of the last
-        entry."""
+        rest_hidden[i-1]. output: None, "logits", "argmax" (device-side; set_device_argmax first) or "dist" (the
+        filtered distribution and a draw, device-side; set_device_sampler first) of the last entry."""
         n = len(tokens)
         if not 0 < n <= self.n_batch:
             raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
@@ -140,7 +141,7 @@ class MTPContext(Context):
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
         if rc == 0 and output:
-            if self._chain_kind != "argmax":
+            if self._chain is None:
                 self._logits_ptr = llama_cpp.llama_get_logits(self._ptr)  # waits for the device
             else:
                 llama_cpp.llama_synchronize(self._ptr)
@@ -159,6 +160,15 @@ class MTPContext(Context):
         if token < 0:
             raise DecodeError("llama.cpp returned no argmax token for the MTP head's output")
         return token
+
+    def last_dist(self) -> Dist:
+        """The device-filtered distribution of the last decode's output entry with the device's draw (a view,
+        valid until the next decode); the draw is committed, so the next one is fresh."""
+        if self._chain_kind != "sample":
+            raise DecodeError("internal: last_dist without a device sampler (set_device_sampler)")
+        dist = self._sampled_dist(-1)
+        llama_cpp.llama_sampler_accept(self._chain, 0)
+        return dist
 
     def last_hidden(self) -> np.ndarray:
         """The head's output hidden state for the last decode's last entry (what it reads in place of the target's

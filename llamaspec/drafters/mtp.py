@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import filtered_probs, max_prob, sample_from
+from ..sampling import filter_logits, max_prob, sample
 from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
 
 RING_ROWS = 1024
@@ -121,10 +121,14 @@ class MTPDrafter(Drafter):
         self._valid = min(self._valid, position)         # past the history: rejected tokens
         self._base = position
         sampling = self._sampling
-        output = "argmax" if sampling is None and p_min <= 0 and ctx.device_argmax else "logits"
+        if sampling is None:
+            output = "argmax" if p_min <= 0 and ctx.device_argmax else "logits"
+        else:   # the filters on the device (the engine attached the chain) or in numpy on the logits
+            output = "dist" if sampling.device and ctx.device_sampler else "logits"
         self._catch_up(history, position, last, output)  # ..., then (last, h_{P-1}): d_1
-        probs = self._probs.rows(max_len) if sampling is not None else None
+        rows = self._probs.rows(max_len) if sampling is not None else None
         drafted: list[int] = []
+        dists = []
         for i in range(max_len):
             if output == "argmax":
                 token, confidence = ctx.last_argmax(), 1.0
@@ -133,17 +137,24 @@ class MTPDrafter(Drafter):
                 token = int(logits.argmax())
                 confidence = max_prob(logits, self._scratch, logits[token]) if p_min > 0 else 1.0
             else:
-                q = probs[i]
-                filtered_probs(ctx.last_logits(), sampling.config, out=q)
-                token = sample_from(q, sampling.rng)
-                confidence = float(q.max()) if p_min > 0 else 1.0
-            if confidence < p_min or token >= self.n_vocab:
+                if output == "dist":                    # q and the device's draw from it
+                    q = ctx.last_dist()
+                    token = q.draw
+                    if q.prob(token) <= 0:              # rounding on the device: a draw q gives no mass
+                        break
+                    q = q.copy(into=rows[i])            # outlives the next decode
+                else:
+                    q = filter_logits(ctx.last_logits(), sampling.config, rows[i])
+                    token = sample(q, sampling.rng)
+                confidence = q.max_prob() if p_min > 0 else 1.0
+                dists.append(q)
+            if confidence < p_min or not 0 <= token < self.n_vocab:
                 break                                   # unsure (llama.cpp's p_min rule), or not a target token
             drafted.append(token)
             if i + 1 == max_len:
                 break
             ctx.decode([token], ctx.last_hidden(), output=output)   # chain: the head's own state stands in for h
-        return Draft(drafted, probs[:len(drafted)] if probs is not None else None)
+        return Draft(drafted, dists[:len(drafted)] if sampling is not None else None)
 
     def accepted(self, n_accepted: int) -> None:
         # the accepted drafts' entries were made from the head's own states: they are caught up on properly later
