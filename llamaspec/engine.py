@@ -74,6 +74,9 @@ class Pair:
 
     def set_policy(self, policy: DraftPolicy) -> None:
         self.policy = policy if self.drafter is not None else FixedPolicy(0)
+        tell = getattr(self.policy, "set_draft_cost", None)   # a DraftPolicy has it; a duck-typed one may not
+        if self.drafter is not None and tell is not None:
+            tell(self.drafter.draft_cost)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.target.tokenize(text, add_special=add_special, parse_special=parse_special)

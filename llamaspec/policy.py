@@ -31,6 +31,10 @@ class DraftPolicy(abc.ABC):
     def describe(self) -> dict:
         return {"policy": self.name, "draft_len": self.next_draft_len(), "p_min": self.p_min}
 
+    def set_draft_cost(self, kind: str) -> None:
+        """How the drafter's time grows with the draft length: "per_token" (a draft model, an MTP head: one pass per
+        token) or "per_pass" (DFlash: one pass for the whole block). The engine says it when it takes the policy."""
+
 
 def _check_k(name: str, value: int, low: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -137,6 +141,7 @@ class AutoPolicy(DraftPolicy):
 
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
     time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
+              = t_draft + t_verify(k + 1)                for a drafter whose whole draft is one pass (DFlash)
     k = argmax tokens(k) / time(k) over 0..k_max; k = 0 is plain decoding.
 
     One object serves a pair for its lifetime (the server and chat keep theirs): the machine's costs do not change
@@ -198,6 +203,16 @@ class AutoPolicy(DraftPolicy):
         self._probing = False         # the current draft length is a probe
         self._credit = 0.0            # seconds exploration may still lose against plain decoding
         self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
+        self._per_pass = False          # t_draft is per draft pass, not per drafted token (set_draft_cost)
+
+    def set_draft_cost(self, kind: str) -> None:
+        if kind not in ("per_token", "per_pass"):
+            raise InvalidParameterError(f"draft cost must be 'per_token' or 'per_pass', got {kind!r}")
+        self._per_pass = kind == "per_pass"
+
+    def _draft_units(self, k: int) -> int:
+        """Draft costs of t_draft that a k-token draft takes."""
+        return 1 if self._per_pass and k else k
 
     # -- estimates ---------------------------------------------------------------------------------------------
     @property
@@ -278,7 +293,7 @@ class AutoPolicy(DraftPolicy):
         for k in range(1, k_max + 1):
             run *= acceptance[k]
             tokens += run
-            yield k, tokens / (k * t_draft + verify[k + 1])
+            yield k, tokens / (self._draft_units(k) * t_draft + verify[k + 1])
 
     def expected_speed(self, k: int, optimistic: bool = False) -> float | None:
         last = None
@@ -296,7 +311,8 @@ class AutoPolicy(DraftPolicy):
         verify, t_draft = self._verify_curve(self.k_max + 1, False), self.t_draft
         if not verify or t_draft is None:
             return None
-        return verify[1] * max((k + 1) / (k * t_draft + verify[k + 1]) for k in range(1, self.k_max + 1))
+        return verify[1] * max((k + 1) / (self._draft_units(k) * t_draft + verify[k + 1])
+                               for k in range(1, self.k_max + 1))
 
     def _catch_up(self, missed: int) -> float:
         """Estimated seconds for the drafter to catch up on `missed` tokens in one batch with the next one, which
@@ -312,7 +328,7 @@ class AutoPolicy(DraftPolicy):
 
     def _probe_loss(self, k: int) -> float:
         """Seconds a k-token probe now loses against plain decoding if nothing is accepted."""
-        return (k * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
+        return (self._draft_units(k) * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
                 + self._catch_up(self._since_draft))
 
     # -- the two questions ----------------------------------------------------------------------------------
@@ -369,7 +385,7 @@ class AutoPolicy(DraftPolicy):
         d = self.decay
         # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
         # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
-        counted = drafted - 1 if self._since_draft >= 3 else drafted
+        counted = 1 if self._per_pass else drafted - 1 if self._since_draft >= 3 else drafted
         if counted > 0:
             self._draft.add(draft_seconds / counted, counted, d)
         missed, self._since_draft = self._since_draft, 0

@@ -153,6 +153,8 @@ def test_a_dflash_block_is_one_pass_and_its_first_row_is_right(models):
         assert c.stats.accepted >= steps - 1 and c.stats.drafted <= 7 * steps   # block_size 8
         # per step: one block decode, plus the feed of the accepted tokens' features (prefill: 2 feeds)
         assert pair.draft_ctx.decode_calls - calls <= 2 * steps + 2
+        pair.set_policy(make_policy("auto"))          # auto prices the block as one pass, not per token
+        assert pair.policy._draft_units(7) == 1
     assert c.tokens == plain_tokens(models["bigram"], prompt, 30)
 
 

@@ -152,6 +152,34 @@ def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
     assert achieved >= 0.95 * best, (achieved / best, chosen[-20:])
 
 
+@pytest.mark.parametrize("acceptance", [0.9, 0.8, 0.6])
+def test_auto_prices_a_block_drafter_per_pass(acceptance):
+    """DFlash drafts a whole block in one pass (cost 0.3 of a target pass here, whatever its length): priced per
+    token, long drafts look k times too dear and auto settles on k=1 at 80% (0.71x of the best fixed length)."""
+    import random
+
+    block_pass = 0.3
+
+    def speed(k):
+        return sum(acceptance ** j for j in range(k + 1)) / ((block_pass if k else 0.0) + H200_V[k])
+
+    rng = random.Random(1)
+    p = AutoPolicy(k_max=15)
+    p.set_draft_cost("per_pass")
+    chosen = []
+    for _ in range(400):
+        k = p.next_draft_len()
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        p.update(k, accepted, block_pass if k else 0.0, H200_V[k])
+        chosen.append(k)
+    best = max(speed(k) for k in range(1, 16))
+    assert sum(speed(k) for k in chosen[-200:]) / 200 >= 0.95 * best, chosen[-20:]
+    with pytest.raises(InvalidParameterError, match="per_pass"):
+        p.set_draft_cost("per_block")
+
+
 # -- auto on simulated machines: the engine's step on a fake clock (policy_sim.py) ---------------------------------
 from policy_sim import CPU, GPU, SHARED_CPU, compare, simulate  # noqa: E402
 
