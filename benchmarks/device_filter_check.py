@@ -14,9 +14,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
 from llamaspec import load_pair
 from llamaspec.backend.mtp import MTPContext
+if len(sys.argv) < 2 or not os.path.isfile(sys.argv[1]):
+    sys.exit("usage: device_filter_check.py VOCAB.gguf [OUT_DIR]: VOCAB must be an existing file "
+             "(llama.cpp's models/ggml-vocab-qwen35.gguf)")
 vocab = sys.argv[1]
 d = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="llamaspec-check-")
 
@@ -25,7 +29,7 @@ def say(line):
     print(line, flush=True)
 
 
-subprocess.run([sys.executable, "benchmarks/synth_hybrid.py", d, "--preset", "tiny", "--vocab",
+subprocess.run([sys.executable, os.path.join(HERE, "synth_hybrid.py"), d, "--preset", "tiny", "--vocab",
                 vocab, "--output-noise", "0.3"], check=True, capture_output=True)
 files = sorted(os.listdir(d))
 target = os.path.join(d, "qwen35-tiny-target.gguf")
@@ -48,8 +52,8 @@ for dev in ("1", "0"):
     say(f"hybrid dev={dev}: {time.perf_counter() - t0:.2f} s, ok {ok}")
     pair.close()
 mtp = os.path.join(d, "mtp-tiny.gguf")
-subprocess.run([sys.executable, "benchmarks/synth_mtp.py", mtp, "--preset", "tiny", "--agree", "0.7"], check=True,
-               capture_output=True)
+subprocess.run([sys.executable, os.path.join(HERE, "synth_mtp.py"), mtp, "--preset", "tiny", "--agree", "0.7"],
+               check=True, capture_output=True)
 calls, orig = [0], MTPContext.last_dist
 
 

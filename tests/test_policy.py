@@ -133,20 +133,25 @@ def _gpu_speed(k: int, acceptance: float) -> float:
     return tokens / (k * H200_C + H200_V[k])
 
 
-@pytest.mark.parametrize("acceptance", [1.0, 0.9, 0.7])
-def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
+def _run_on_curve(policy, acceptance: float, draft_seconds, steps: int = 400) -> list[int]:
+    """The draft lengths `policy` chose over `steps` steps on the H200 verify curve, with acceptance a Bernoulli run
+    per position (seed 1) and draft_seconds(k) for a k-token draft."""
     import random
 
-    rng = random.Random(1)
-    p = AutoPolicy(k_max=16, p_min=0.0)
-    chosen = []
-    for step in range(400):
-        k = p.next_draft_len()
+    rng, chosen = random.Random(1), []
+    for _ in range(steps):
+        k = policy.next_draft_len()
         accepted = 0
         while accepted < k and rng.random() < acceptance:
             accepted += 1
-        p.update(k, accepted, k * H200_C, H200_V[k])
+        policy.update(k, accepted, draft_seconds(k), H200_V[k])
         chosen.append(k)
+    return chosen
+
+
+@pytest.mark.parametrize("acceptance", [1.0, 0.9, 0.7])
+def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
+    chosen = _run_on_curve(AutoPolicy(k_max=16, p_min=0.0), acceptance, lambda k: k * H200_C)
     best = max(_gpu_speed(k, acceptance) for k in range(1, 17))
     achieved = sum(_gpu_speed(k, acceptance) for k in chosen[-200:]) / 200
     assert achieved >= 0.95 * best, (achieved / best, chosen[-20:])
@@ -156,24 +161,14 @@ def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
 def test_auto_prices_a_block_drafter_per_pass(acceptance):
     """DFlash drafts a whole block in one pass (cost 0.3 of a target pass here, whatever its length): priced per
     token, long drafts look k times too dear and auto settles on k=1 at 80% (0.71x of the best fixed length)."""
-    import random
-
     block_pass = 0.3
 
     def speed(k):
         return sum(acceptance ** j for j in range(k + 1)) / ((block_pass if k else 0.0) + H200_V[k])
 
-    rng = random.Random(1)
     p = AutoPolicy(k_max=15)
     p.set_draft_cost("per_pass")
-    chosen = []
-    for _ in range(400):
-        k = p.next_draft_len()
-        accepted = 0
-        while accepted < k and rng.random() < acceptance:
-            accepted += 1
-        p.update(k, accepted, block_pass if k else 0.0, H200_V[k])
-        chosen.append(k)
+    chosen = _run_on_curve(p, acceptance, lambda k: block_pass if k else 0.0)
     best = max(speed(k) for k in range(1, 16))
     assert sum(speed(k) for k in chosen[-200:]) / 200 >= 0.95 * best, chosen[-20:]
     with pytest.raises(InvalidParameterError, match="per_pass"):

@@ -2,6 +2,7 @@
 log while a model or context is created (kept for error messages instead of reaching the terminal)."""
 from __future__ import annotations
 
+import abc
 import contextlib
 import ctypes
 import os
@@ -146,13 +147,13 @@ def library_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
 
 
-
-class NativeHandle:
+class NativeHandle(abc.ABC):
     """Something that holds llama.cpp memory (a model, a context): `close()` frees it and may run twice; an
     object nobody closed is closed when it is collected."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Free the llama.cpp memory (a no-op once freed)."""
 
     def __del__(self):
         try:

@@ -13,6 +13,7 @@ draft's cache is cut there (`_rewind`); when features are missing (should not ha
 """
 from __future__ import annotations
 
+import abc
 import time
 
 import numpy as np
@@ -42,9 +43,9 @@ class HiddenStateDrafter(Drafter):
         ctx.target_ctx.on_decode = self._target_decoded
 
     # -- what a kind implements ---------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _feed(self, tokens: np.ndarray, rows: np.ndarray, first_pos: int) -> None:
         """Put the target's tokens and feature rows of positions first_pos.. into the draft's cache."""
-        raise NotImplementedError
 
     def _rewind(self, pos: int) -> None:
         """The target went back to `pos` tokens (< _fed): cut the draft's cache to match."""
