@@ -59,6 +59,7 @@ class Row:
     draft_seconds: float = 0.0     # time drafting (the cost ratio c = draft time per token / plain's time per pass)
     verify_seconds: float = 0.0    # time verifying (v(k+1) = verify time per pass / plain's)
     rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
+    shadow_probes: int = 0         # auto's probes that drafted one token without verifying it
 
     @property
     def tps(self) -> float:
@@ -103,6 +104,7 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filter
         row.draft_seconds += s.time_draft
         row.verify_seconds += s.time_verify
         row.overhead.append(s.python_overhead)
+        row.shadow_probes += getattr(s, "shadow_probes", 0)
         if s.target_passes:
             row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
             row.rollback_ms.append(1000 * s.time_rollback / s.target_passes)
@@ -198,6 +200,8 @@ def main() -> None:
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))
+    if hasattr(pair, "warm_up"):   # every draft length any mode will ask for, as load_pair does for its policy
+        pair.warm_up(longest)
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:
@@ -214,7 +218,8 @@ def main() -> None:
             label = f"fixed k={k}" if name == "fixed" else mode
             rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
             if isinstance(policy, AutoPolicy):   # what it measured explains what it chose
-                states.append(f"- {label}'s cost model at the end: {auto_state(policy)}")
+                states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
+                              f"{rows[-1].shadow_probes} shadow probes")
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,

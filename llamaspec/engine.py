@@ -20,7 +20,7 @@ import numpy as np
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import DraftPolicy, FixedPolicy, make_policy
-from .sampling import SamplerConfig, filter_logits
+from .sampling import SamplerConfig, as_dist, filter_logits
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
 from .verify import accept_greedy, accept_rejection
@@ -77,6 +77,29 @@ class Pair:
         tell = getattr(self.policy, "set_draft_cost", None)   # a DraftPolicy has it; a duck-typed one may not
         if self.drafter is not None and tell is not None:
             tell(self.drafter.draft_cost)
+        shadows = getattr(self.policy, "enable_shadow_probes", None)
+        if self.drafter is not None and shadows is not None:
+            shadows()
+        self._shadow_len = getattr(self.policy, "shadow_len", lambda: 0)
+
+    def warm_up(self, k_max: int | None = None) -> None:
+        """Run every draft length up to k_max (the policy's) once, greedy and sampled, then forget it all. On a GPU
+        the first pass of each batch size loads its kernels and builds its graphs, which would otherwise be timed
+        by the first request (and could make `auto` judge that no draft pays). load_pair calls it on GPU targets."""
+        if self.drafter is None:
+            return
+        policy, k_max = self.policy, min(k_max or self.policy.k_max or 1, 16)
+        prompt = self.tokenize("warm up")
+        try:
+            for temperature in (0.0, 0.8):
+                self.policy = sweep = _Sweep(k_max)
+                for _ in self.stream(prompt, max_tokens=k_max * (k_max + 1), temperature=temperature, seed=1):
+                    if not sweep.k:
+                        break
+        finally:
+            self.set_policy(policy)
+            self.reset()
+            self.last_stats = None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.target.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -232,6 +255,9 @@ class Pair:
         # regenerated answer) restarts here. A prompt that extends the whole history needs no checkpoint at all.
         ctx.checkpoint(turn=True)
         self._history = list(history)
+        new_request = getattr(self.policy, "new_request", None)   # a DraftPolicy has it; a duck-typed one may not
+        if new_request is not None:
+            new_request()
         if self.drafter is not None:  # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
         return cached
@@ -241,10 +267,14 @@ class Pair:
         history, last = self._history, self._last
         room = self.n_ctx - len(history) - 1           # positions free after `last`
         k = max(min(self.policy.next_draft_len(), room, budget - 1, self.target_ctx.n_batch - 1), 0)
+        # a shadow probe: the drafter proposes one token that the target does not verify (its pass stays one token,
+        # which a GPU replays from a captured graph); the token the target emits judges it
+        shadow = not k and room > 0 and self.drafter is not None and self._shadow_len() > 0
 
         # 1. draft
         t0 = time.perf_counter()
         draft = self.drafter.propose(history, last, k, self.policy.p_min) if k > 0 else None
+        probe = self.drafter.propose(history, last, 1, self.policy.p_min) if shadow else None
         drafted = draft.tokens if draft is not None else []
         t1 = time.perf_counter()
 
@@ -259,6 +289,7 @@ class Pair:
 
         # 3. accept
         draft_arr = np.asarray(drafted, dtype=np.int64)
+        target_probs = None
         if sampling is None:
             n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
         else:
@@ -284,9 +315,15 @@ class Pair:
         t3 = time.perf_counter()
         if drafted:
             self.drafter.accepted(n_accepted)
+        elif probe is not None:
+            self.drafter.accepted(0)
+            stats.shadow_probes += 1
+            chance = shadow_acceptance(probe, next_token, target_probs)
         history.extend(batch[:1 + n_accepted])
         self._last = next_token
         t4 = time.perf_counter()
+        if probe is not None:
+            self.policy.shadow(chance, t1 - t0 + (t4 - t3))
 
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
@@ -294,6 +331,33 @@ class Pair:
         self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0) + (t4 - t3), t3 - t1)
         stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
+
+
+class _Sweep(DraftPolicy):
+    """Draft k_max tokens, then one fewer at every step down to 1 (Pair.warm_up)."""
+
+    name = "sweep"
+
+    def __init__(self, k_max: int):
+        self.k = self.k_max = k_max
+
+    def next_draft_len(self) -> int:
+        return self.k
+
+    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.k = max(self.k - 1, 0)
+
+
+def shadow_acceptance(probe, emitted: int, target_probs) -> float:
+    """The chance a shadow probe's token would have been accepted as a draft: greedy (no target_probs), whether it
+    is the token the target emitted; sampling, min(1, p(x) / q(x)) with p the target's row the token came from."""
+    if not probe.tokens:
+        return 0.0   # the drafter stopped short of its confidence bound: a real draft would have been empty too
+    x = probe.tokens[0]
+    if target_probs is None:
+        return float(x == emitted)
+    p, q = as_dist(target_probs(0)).prob(x), as_dist(probe.probs[0]).prob(x)
+    return min(1.0, p / q) if q > 0 else 0.0
 
 
 # load_pair lives in loading.py; it is re-exported here for the callers that import it from the engine

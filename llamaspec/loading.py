@@ -115,7 +115,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
                 for obj in (draft_model, target_ctx, target_model):
                     obj.close()
                 raise
-            return Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj)
+            drafter = make_drafter(kind, target_model, draft_ctx)
+            return _ready(Pair(target_model, target_ctx, drafter, policy_obj), config)
         draft_ctx = Context(draft_model, draft_config)
         if not draft_ctx.rollback.speculative:
             name = draft_ctx.rollback.describe()
@@ -123,7 +124,19 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
                 obj.close()
             raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
                                         "it cannot serve as a draft model")
-    return Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj)
+    return _ready(Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj), config)
+
+
+def _ready(pair: Pair, config: LoadConfig) -> Pair:
+    """Warm the pair up where its target runs on a GPU (config.warm_up None), or as told."""
+    warm = config.warm_up if config.warm_up is not None else pair.target_ctx.output_on_gpu
+    if warm:
+        try:
+            pair.warm_up()
+        except BaseException:
+            pair.close()
+            raise
+    return pair
 
 
 def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:

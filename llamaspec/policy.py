@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from bisect import insort
 from collections import deque
+from statistics import median
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
 from .errors import InvalidParameterError
@@ -30,6 +31,23 @@ class DraftPolicy(abc.ABC):
 
     def describe(self) -> dict:
         return {"policy": self.name, "draft_len": self.next_draft_len(), "p_min": self.p_min}
+
+    def new_request(self) -> None:
+        """A request's prompt was just processed (the engine says it before the first step): a batch of another size
+        ran since the last step."""
+
+    def shadow_len(self) -> int:
+        """Tokens (0 or 1) to draft on the next plain step without verifying them: a shadow probe. The target's
+        pass stays one token; the draft token is judged against the token the target emits."""
+        return 0
+
+    def shadow(self, accepted: float, seconds: float) -> None:
+        """A shadow probe's result, before that step's update(): `accepted` is the chance the draft token would
+        have been accepted (0 or 1 greedy, min(1, p/q) sampling), `seconds` what drafting it took, catch-up
+        included."""
+
+    def enable_shadow_probes(self) -> None:
+        """The engine can run shadow probes (it says so when it takes the policy)."""
 
     def set_draft_cost(self, kind: str) -> None:
         """How the drafter's time grows with the draft length: "per_token" (a draft model, an MTP head: one pass per
@@ -160,6 +178,12 @@ class AutoPolicy(DraftPolicy):
     it gained, up to `credit_steps` plain passes. Optimistic estimates (longer drafts than the evidence supports)
     need a positive credit; a probe needs credit for its cost, or waits until that cost is at most `loss_budget` of
     the plain time since the last probe.
+    Changing the batch size costs on a GPU: llama.cpp replays a captured CUDA graph while a context's batch shape
+    stays the same, so the first pass at a new size runs uncaptured and the second captures it again (on an H200,
+    32B target: a 1-token probe made the two plain passes after it 3.5 and 4.8 ms slower than their 10.4 ms). So a
+    step counts as warm only after two steps of its size in a row; costs are learnt from warm steps, and what a
+    cold pass costs beyond its warm time (`switch_cost`) is learnt from the cold ones, charged to the credit, added
+    to a probe's price, and asked back by a change of k before it is made (`horizon` steps must repay it).
     Timings are robust decayed averages (_Timing); acceptance counts decay too, so the policy follows changes within
     a request. A plain step is O(1); the search over k runs after drafted steps only.
     """
@@ -168,8 +192,8 @@ class AutoPolicy(DraftPolicy):
 
     def __init__(self, k_max: int = 12, p_min: float = 0.0, k_start: int = 3, probe_every: int = 4,
                  max_probe_interval: int = 128, recheck_every: int = 1024, min_gain: float = 1.2,
-                 loss_budget: float = 0.01, credit_steps: int = 16, initial_credit_steps: int = 4,
-                 decay: float = 0.95):
+                 loss_budget: float = 0.01, credit_steps: int = 16, initial_credit_steps: int = 2,
+                 horizon: int = 16, decay: float = 0.95):
         self.k_max = _check_k("k_max", k_max, 1)
         self.p_min = _check_p("p_min", p_min)
         self.k_start = min(_check_k("k_start", k_start, 1), self.k_max)
@@ -182,17 +206,24 @@ class AutoPolicy(DraftPolicy):
         self.loss_budget = _check_p("loss_budget", loss_budget)
         self.credit_steps = _check_k("credit_steps", credit_steps, 1)
         self.initial_credit_steps = min(_check_k("initial_credit_steps", initial_credit_steps), self.credit_steps)
+        self.horizon = _check_k("horizon", horizon, 1)
         self.decay = decay
         # acceptance at each draft position: (accepted, tried) counts, all decayed at every drafted step so that
         # what was seen at positions no longer drafted fades; each estimate leans on the position before it
-        self._prior, self._prior_weight = 0.6, 0.5
+        # (position 1 leans on the prior lightly, so that a useless draft shows at once; later positions on the one
+        # before them firmly, so that one rejection at position 2 does not keep drafts at one token)
+        self._prior, self._prior_weight, self._chain_weight = 0.6, 0.5, 2.0
         self._stale_decay, self._bonus = 0.995, 0.2
         self._plain_samples, self._sure_gain, self._refresh_every = 3, 2.0, 8
         self._acc = [0.0] * (self.k_max + 1)
         self._tried = [0.0] * (self.k_max + 1)
-        self._verify: dict[int, _Timing] = {}        # batch size -> seconds per target pass
-        self._sizes: list[int] = []                  # measured batch sizes, sorted
-        self._draft = _Timing()                      # seconds per drafted token
+        self._verify: dict[int, _Timing] = {}        # batch size -> seconds per warm target pass
+        self._cold: dict[int, _Timing] = {}          # ... per cold pass, where no warm one was measured yet
+        self._sizes: list[int] = []                  # measured batch sizes (warm or cold), sorted
+        self._draft = _Timing()                      # seconds per drafted token, warm steps
+        self._draft_cold = _Timing()                 # ... cold steps (a probe's)
+        self._excess: deque[float] = deque(maxlen=9)  # what cold passes took beyond the warm time of their size
+        self._last_n, self._run = 1, 2               # the last step's batch size, steps of it in a row
         self._k = 0
         self._since_draft = 1 << 30   # plain steps since the last drafted one: how far the drafter is behind
         self._since_probe = 0
@@ -203,7 +234,35 @@ class AutoPolicy(DraftPolicy):
         self._probing = False         # the current draft length is a probe
         self._credit = 0.0            # seconds exploration may still lose against plain decoding
         self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
+        self._started = False
+        self._hold = 0                  # drafted steps the current k is kept for before the next decision
+        self._shadows = False           # the engine runs shadow probes (enable_shadow_probes)
+        self._shadow_now = False        # the next plain step is a shadow probe
+        self._shadowed: float | None = None   # a shadow probe's acceptance, for the update that follows it
+        self._shadow_costs: deque[float] = deque(maxlen=9)
         self._per_pass = False          # t_draft is per draft pass, not per drafted token (set_draft_cost)
+
+    def new_request(self) -> None:
+        self._last_n = self._run = 0
+
+    def enable_shadow_probes(self) -> None:
+        self._shadows = True
+
+    def shadow_len(self) -> int:
+        return 1 if self._shadow_now else 0
+
+    def shadow(self, accepted: float, seconds: float) -> None:
+        self._shadow_now = False
+        self._shadow_costs.append(seconds)
+        d, stale = self.decay, self._stale_decay
+        for j in range(1, self.k_max + 1):
+            keep = d if j == 1 else stale
+            self._acc[j] *= keep
+            self._tried[j] *= keep
+        self._tried[1] += 1.0
+        self._acc[1] += accepted
+        self._credit -= seconds
+        self._shadowed = accepted
 
     def set_draft_cost(self, kind: str) -> None:
         if kind not in ("per_token", "per_pass"):
@@ -217,7 +276,22 @@ class AutoPolicy(DraftPolicy):
     # -- estimates ---------------------------------------------------------------------------------------------
     @property
     def t_draft(self) -> float | None:
-        return self._draft.value if self._draft.samples else None
+        """Seconds per drafted token (per draft pass for a "per_pass" drafter), from warm steps where there are."""
+        timing = self._draft if self._draft.samples else self._draft_cold
+        return timing.value if timing.samples else None
+
+    @property
+    def switch_cost(self) -> float:
+        """Seconds a cold pass takes beyond a warm one of its size (median of the recent ones; 0 unmeasured)."""
+        return max(median(self._excess), 0.0) if self._excess else 0.0
+
+    def _size_time(self, n: int) -> float:
+        """A warm pass over n tokens: as measured warm, else a cold one less what a cold pass costs beyond it."""
+        warm = self._verify[n]
+        if warm.samples:
+            return warm.value
+        cold = self._cold[n].value
+        return max(cold - self.switch_cost, 0.5 * cold)
 
     def acceptances(self, optimistic: bool = False) -> list[float]:
         """Acceptance at each draft position 1..k_max (index 0 unused) given the earlier ones were accepted.
@@ -225,8 +299,9 @@ class AutoPolicy(DraftPolicy):
         position never reached takes the one before it). `optimistic` adds an upper-confidence bonus that
         shrinks as a position is tried, so rarely reached positions get tried; position 1 is judged at every
         draft and gets none (it must not keep a useless draft alive)."""
-        out, before, w0 = [0.0] * (self.k_max + 1), self._prior, self._prior_weight
+        out, before = [0.0] * (self.k_max + 1), self._prior
         for j in range(1, self.k_max + 1):
+            w0 = self._prior_weight if j == 1 else self._chain_weight
             tried = self._tried[j] + w0
             before = (self._acc[j] + w0 * before) / tried
             out[j] = min(1.0, before + self._bonus / tried ** 0.5) if optimistic and j > 1 else before
@@ -251,7 +326,7 @@ class AutoPolicy(DraftPolicy):
         xs = self._sizes
         if not xs:
             return []
-        ys = [self._verify[x].value for x in xs]
+        ys = [self._size_time(x) for x in xs]
         for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
             ys[i] = min(ys[i], ys[i + 1])
         out = [0.0] * (n_max + 1)
@@ -322,13 +397,29 @@ class AutoPolicy(DraftPolicy):
         if missed <= 2 or self.t_draft is None or len(self._sizes) < 2:
             return 0.0
         xs = self._sizes
-        low, high = self._verify[xs[0]].value, self._verify[xs[-1]].value
+        low, high = self._size_time(xs[0]), self._size_time(xs[-1])
         per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
         return self.t_draft * (1.0 + per_token * (64 if missed > 128 else missed))
 
+    def _worth_changing(self, k: int, new: int, optimistic: bool) -> bool:
+        """Whether drafting `new` tokens instead of `k` gains, within `horizon` steps, what its two cold passes cost
+        (always, where changes cost nothing measurable)."""
+        cost = 2 * self.switch_cost
+        if not cost:
+            return True
+        speeds = dict(self._speeds(max(k, new), optimistic))
+        if k not in speeds or new not in speeds:
+            return True
+        t_step = self._draft_units(new) * self.t_draft + self.verify_time(new + 1, optimistic)
+        return (speeds[new] - speeds[k]) * self.horizon * t_step > cost * speeds[k]
+
     def _probe_loss(self, k: int) -> float:
-        """Seconds a k-token probe now loses against plain decoding if nothing is accepted."""
-        return (self._draft_units(k) * self.t_draft + self.verify_time(k + 1) - self.verify_time(1)
+        """Seconds a k-token probe now loses against plain decoding if nothing is accepted. A probe runs cold: its
+        draft and verification as timed at earlier probes, and the two plain passes after it pay the change back."""
+        draft = self._draft_cold if self._draft_cold.samples else self._draft
+        cold = self._cold.get(k + 1)
+        verify = cold.value if cold is not None and cold.samples else self.verify_time(k + 1) + self.switch_cost
+        return (self._draft_units(k) * draft.value + verify - self.verify_time(1) + 2 * self.switch_cost
                 + self._catch_up(self._since_draft))
 
     # -- the two questions ----------------------------------------------------------------------------------
@@ -337,31 +428,50 @@ class AutoPolicy(DraftPolicy):
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
         n = drafted + 1
+        warm = n == self._last_n and self._run >= 2   # two steps of this size just before: no re-capture
+        self._run = self._run + 1 if n == self._last_n else 1
+        self._last_n = n
         if n not in self._verify:
-            self._verify[n] = _Timing()
+            self._verify[n], self._cold[n] = _Timing(), _Timing()
             insort(self._sizes, n)
-        self._verify[n].add(verify_seconds, 1.0, self.decay)
-        if drafted == 0:
-            self._plain_step(verify_seconds)
+        timing, cold = self._verify[n], self._cold[n]
+        excess = 0.0
+        if warm:   # the first warm pass of a size tells what its cold ones cost beyond it
+            if cold.samples and not timing.samples:
+                self._excess.append(cold.value - verify_seconds)
+            timing.add(verify_seconds, 1.0, self.decay)
         else:
-            self._draft_step(drafted, accepted, draft_seconds, verify_seconds)
+            if timing.samples:
+                excess = verify_seconds - timing.value
+                self._excess.append(excess)
+            cold.add(verify_seconds, 1.0, self.decay)
+        if drafted == 0:
+            self._plain_step(verify_seconds, max(excess, 0.0))
+        else:
+            self._draft_step(drafted, accepted, draft_seconds, verify_seconds, warm)
 
-    def _plain_step(self, seconds: float) -> None:
-        """O(1) unless a probe is due: nothing else changed since the last decision."""
+    def _plain_step(self, seconds: float, excess: float) -> None:
+        """O(1) unless a probe is due: nothing else changed since the last decision. `excess`: what this pass took
+        beyond a warm one, the price of the draft before it."""
         self._since_draft, self._since_plain = self._since_draft + 1, 0
-        plain = self._verify[1]
-        t_plain = plain.value
-        if plain.samples == 1:  # the first plain pass: an allowance for learning the costs
-            self._credit = self.initial_credit_steps * t_plain
+        plain, t_plain = self._verify[1], self._size_time(1)
+        if not self._started:  # the first plain pass: an allowance for learning the costs
+            self._started, self._credit = True, self.initial_credit_steps * t_plain
         cap = self.credit_steps * t_plain
-        self._credit = min(self._credit + self.loss_budget * seconds, cap)
+        self._credit = min(self._credit + self.loss_budget * seconds - excess, cap)
         if self._k:
             return  # a draft was asked for but did not fit (the request's last token, a full context)
+        if self._shadowed is not None:
+            accepted, self._shadowed = self._shadowed, None
+            self._after_shadow(accepted)
+            return
         if self._refresh:  # a plain pass taken to re-measure t_verify(1): back to drafting
             self._refresh = False
             self._decide(probe_failed=False)
             return
-        if self._pays is None:  # undecided: measure the draft first, then plain passes enough to trust
+        if self._pays is None and not (self._shadows and self.t_draft is None and self._tried[1]):
+            # undecided: measure the draft first, then plain passes enough to trust. (A draft measured by shadow
+            # probes only, none accepted yet, waits for one on the schedule below.)
             if self.t_draft is None:
                 self._k, self._probing = self.k_start, True
             elif plain.samples >= self._plain_samples:
@@ -372,22 +482,47 @@ class AutoPolicy(DraftPolicy):
             return
         # 1 token tells acceptance; 2 measure the draft after its catch-up. A probe is paid from the credit, or
         # waits until it costs at most loss_budget of the plain time since the last one (a drafter far behind
-        # makes a probe cost several plain passes); both grow by `earned` a step, so the wait is known.
+        # makes a probe cost several plain passes); both grow by `earned` a step, so the wait is known. Where the
+        # engine runs shadow probes, acceptance is asked with one: no cold target passes.
+        shadow = self._shadows and self._pays is not False
         k = min(1 if self._pays else 2, self.k_max)
-        loss, earned = self._probe_loss(k), self.loss_budget * t_plain
+        loss, earned = self._shadow_loss() if shadow else self._probe_loss(k), self.loss_budget * t_plain
         covered = max(self._credit, self._since_probe * earned)
         if covered >= loss:
-            self._k, self._probing = k, True
+            if shadow:
+                self._shadow_now = True
+            else:
+                self._k, self._probing = k, True
         else:
             self._probe_due = self._since_probe + max(1.0, (loss - covered) / earned)
 
-    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+    def _after_shadow(self, accepted: float) -> None:
+        """Decide after a shadow probe: with the costs unknown, measure them once acceptance looks worth it."""
+        if self.t_draft is None:
+            if self.acceptance(1) >= 0.5:
+                self._k, self._probing = self.k_start, True
+                return
+            failed = accepted < 0.5
+            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval) if failed \
+                else self.probe_every
+            self._since_probe, self._probe_due = 0, self._probe_interval
+            return
+        self._decide(probe_failed=accepted < 0.5)
+
+    def _shadow_loss(self) -> float:
+        """Seconds a shadow probe costs: as the recent ones took, else twice a drafted token (the token and its
+        catch-up, one batch: on a GPU a batch of many tokens costs a small multiple of one)."""
+        if self._shadow_costs:
+            return median(self._shadow_costs)
+        return 2.0 * self.t_draft if self.t_draft is not None else 0.0
+
+    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds, warm: bool) -> None:
         d = self.decay
         # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
         # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
         counted = 1 if self._per_pass else drafted - 1 if self._since_draft >= 3 else drafted
         if counted > 0:
-            self._draft.add(draft_seconds / counted, counted, d)
+            (self._draft if warm else self._draft_cold).add(draft_seconds / counted, counted, d)
         missed, self._since_draft = self._since_draft, 0
         self._since_plain += 1
         acc, tried = self._acc, self._tried
@@ -401,31 +536,43 @@ class AutoPolicy(DraftPolicy):
             acc[j] += 1.0 if j <= accepted else 0.0
         if self.t_draft is None or 1 not in self._verify:
             return  # keep the draft length until both costs are known
-        t_plain = min(t.value for t in self._verify.values())  # t_verify(1), as in _verify_curve
+        t_plain = self.verify_time(1)
         seconds = draft_seconds + verify_seconds
         lost = seconds + self._catch_up(missed) - (accepted + 1) * t_plain
         self._credit = min(self._credit + self.loss_budget * seconds - lost, self.credit_steps * t_plain)
         probing, self._probing = self._probing, False
+        if self._hold and not probing:  # a new k runs warm on its third step: judge it then
+            self._hold -= 1
+            return
         if self._pays is None and self._verify[1].samples < self._plain_samples and not (
                 self.perfect_draft_gain() >= self._sure_gain * self.min_gain and verify_seconds >= t_plain):
             # A marginal machine, or a pass over more tokens that took less time than one over a single token
             # (timing noise): the one plain pass may have been an outlier, so measure more before deciding.
             self._k = 0
             return
-        self._decide(probing and accepted == 0)
+        self._decide(probing and accepted == 0, drafting=not probing)
 
-    def _decide(self, probe_failed: bool) -> None:
-        """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable."""
+    def _decide(self, probe_failed: bool, drafting: bool = False) -> None:
+        """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable. While
+        `drafting` (not probing) the current k stays unless the change repays its cold passes."""
         gain = self.perfect_draft_gain()
         self._pays = gain >= self.min_gain
-        best = self._best_k(optimistic=self._credit > 0) if self._pays else 0
+        optimistic = self._credit > 0
+        best = self._best_k(optimistic) if self._pays else 0
+        if drafting and best != self._k:
+            if not self._worth_changing(self._k, best, optimistic):
+                best = self._k
+            elif best:
+                self._hold = 2
         if best > 0:
             self._probe_interval = self.probe_every
             # Drafting measures no plain pass, yet every gain is judged against one: where the gain is not
-            # obviously large, take a plain pass now and then (often while it has few samples).
+            # obviously large, take a plain pass now and then (often while it has few samples). Not where a lone
+            # plain pass runs cold (a GPU): it would cost its change twice and measure no warm pass.
             samples = self._verify[1].samples
             every = self._refresh_every if samples < 4 * self._plain_samples else 16 * self._refresh_every
-            if self._since_plain >= every and gain < self._sure_gain * self.min_gain:
+            if self._since_plain >= every and gain < self._sure_gain * self.min_gain and \
+                    self.switch_cost <= 0.05 * self.verify_time(1):
                 best, self._refresh = 0, True
         elif probe_failed and self._pays:  # back off while probes fail; one that was accepted: look again soon
             self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)

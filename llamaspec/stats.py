@@ -24,6 +24,7 @@ class GenerationStats:
     time_in_decode: float = 0.0     # seconds spent inside llama_decode (both models), for the Python overhead
     time_rollback: float = 0.0      # seconds rolling caches back: KV trims, recurrent-state checkpoints, restores
     tokens_replayed: int = 0        # tokens decoded again after a checkpoint restore (recurrent memories)
+    shadow_probes: int = 0          # plain steps on which the drafter proposed a token only to be judged (auto)
     finish_reason: str | None = None
 
     def record_step(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:

@@ -28,6 +28,14 @@ class Machine:
     prefill_per_token: float            # target prompt processing per token (batched)
     noise: float = 0.0                  # relative timing noise (uniform +-), for a shared machine
     spikes: float = 0.0                 # chance that a phase takes 5x its time (another process took the cores)
+    switch: tuple = (0.0, 0.0)          # extra time of the first and second target pass after its batch size
+                                        # changed (a GPU re-captures its CUDA graph: one pass uncaptured, one captured)
+    draft_switch: float = 0.0           # extra draft time of a step whose draft length differs from the last one's
+
+    def verify_at(self, n: int, same_before: int) -> float:
+        """A target pass over n tokens after `same_before` passes of that size in a row."""
+        extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
+        return self.verify(n) + extra
 
     def draft_batch(self, n: int) -> float:
         """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
@@ -45,6 +53,7 @@ class RunResult:
     ttft: list = field(default_factory=list)       # per request: prompt, drafter prefill, first step
     drafted: int = 0
     draft_prefills: int = 0                        # requests whose drafter was prefilled before the first step
+    shadows: int = 0                               # shadow probes
 
     @property
     def throughput(self) -> float:
@@ -71,12 +80,15 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them)."""
     rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
+    getattr(policy, "enable_shadow_probes", lambda: None)()   # as Pair.set_policy does
+    shadow_len = getattr(policy, "shadow_len", lambda: 0)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
 
     for _ in range(requests):
         start = out.seconds
+        getattr(policy, "new_request", lambda: None)()
         out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
         history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
         in_draft = 0                        # history tokens the drafter holds
@@ -84,19 +96,28 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             out.seconds += spend(machine.draft_batch(history))
             in_draft = history
             out.draft_prefills += 1
-        n_out = 0
+        n_out, size, same = 0, 0, 0           # the target's last batch size and how often in a row
+        last_k = 0
         while n_out < max_tokens:
             k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
+            shadow = not k and shadow_len() > 0
             setup = draft = 0.0
-            if k:
+            if k or shadow:
                 missing = history - in_draft
                 if missing > MAX_CATCHUP:
                     missing = min(history, WINDOW)
                 first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
-                rest = spend(machine.draft_cost * (k - 1))
+                rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0))
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
-            verify = spend(machine.verify(k + 1))
+            if shadow:   # judged against the token the target emits; the target's pass stays one token
+                policy.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
+                out.shadows += 1
+                setup = draft = 0.0
+            last_k = k
+            same = same + 1 if size == k + 1 else 0
+            size = k + 1
+            verify = spend(machine.verify_at(k + 1, same))
             out.seconds += verify
             accepted = 0
             while accepted < k and rng.random() < acceptance:
@@ -106,7 +127,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 out.ttft.append(out.seconds - start)
             n_out += min(accepted + 1, max_tokens - n_out)
             history += 1 + accepted
-            in_draft = history if k else in_draft   # after accepted(n) the drafter holds the new history
+            in_draft = history if k or shadow else in_draft   # after accepted(n) the drafter holds the new history
             out.drafted += k
         out.tokens += n_out
     return out

@@ -4,11 +4,11 @@ import pytest
 
 from chisq import assert_follows
 from fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pair
-from llamaspec.drafters import make_drafter
-from llamaspec.engine import Pair, StopMatcher
+from llamaspec.drafters import Draft, make_drafter
+from llamaspec.engine import Pair, StopMatcher, shadow_acceptance
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
-from llamaspec.policy import FixedPolicy, ThresholdPolicy
-from llamaspec.sampling import SamplerConfig, filtered_probs
+from llamaspec.policy import DraftPolicy, FixedPolicy, ThresholdPolicy
+from llamaspec.sampling import Dist, SamplerConfig, filtered_probs
 
 PROMPT = [5, 9, 11, 3]
 
@@ -231,3 +231,68 @@ def test_sampled_speculation_keeps_the_target_distribution(device):
     assert (getattr(pair.target_ctx, "dist_evals", 0) >= 3000) == device  # every verification used its path
     p = filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64)
     assert_follows(counts, p)
+
+
+class ShadowEvery(DraftPolicy):
+    """Plain decoding with a shadow probe every `every` steps; records what the engine reports of each."""
+
+    name = "shadow-test"
+
+    def __init__(self, every: int):
+        self.every, self.step, self.k_max = every, 0, 1
+        self.results: list[tuple[float, float]] = []
+
+    def next_draft_len(self) -> int:
+        return 0
+
+    def shadow_len(self) -> int:
+        return 1 if self.step % self.every == 0 else 0
+
+    def shadow(self, accepted, seconds) -> None:
+        self.results.append((accepted, seconds))
+
+    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.step += 1
+
+
+@pytest.mark.parametrize("disagree", [0.0, 0.5, 1.0])
+def test_shadow_probes_leave_output_and_target_batches_as_plain_decoding(disagree):
+    expected = plain_pair().generate(PROMPT, max_tokens=40).tokens
+    policy = ShadowEvery(3)
+    pair = fake_pair(disagree, policy)
+    c = pair.generate(PROMPT, max_tokens=40)
+    assert c.tokens == expected
+    assert pair.target_ctx.evals[0] == len(PROMPT) - 1 and set(pair.target_ctx.evals[1:]) == {1}
+    assert c.stats.drafted == 0 and c.stats.shadow_probes == len(policy.results) == 14
+    history = PROMPT + c.tokens[:-1]
+    assert pair.draft_ctx.tokens == history[:len(pair.draft_ctx.tokens)]   # no probe token left behind
+    rate = np.mean([a for a, _ in policy.results])
+    assert {0.0: rate == 1.0, 0.5: 0.1 < rate < 0.9, 1.0: rate == 0.0}[disagree], rate
+
+
+def test_shadow_acceptance_is_the_chance_of_the_rejection_rule():
+    probe = Draft([3], [Dist(None, np.array([0.0, 0.0, 0.5, 0.5], np.float32))])
+    p = Dist(np.array([3, 2]), np.array([0.2, 0.8], np.float32))
+    assert shadow_acceptance(probe, 2, lambda i: p) == pytest.approx(0.2 / 0.5)
+    p = Dist(np.array([3]), np.array([1.0], np.float32))
+    assert shadow_acceptance(probe, 3, lambda i: p) == 1.0
+    assert shadow_acceptance(Draft([5]), 5, None) == 1.0 and shadow_acceptance(Draft([5]), 6, None) == 0.0
+    assert shadow_acceptance(Draft([]), 6, None) == 0.0
+
+
+def test_shadow_probes_run_at_a_temperature_with_one_token_target_passes():
+    policy = ShadowEvery(2)
+    pair = fake_pair(0.3, policy)
+    c = pair.generate(PROMPT, max_tokens=30, temperature=0.8, seed=4)
+    assert len(c.tokens) == 30 and set(pair.target_ctx.evals[1:]) == {1}
+    assert len(policy.results) == 15 and all(0.0 <= a <= 1.0 for a, _ in policy.results)
+
+
+def test_warm_up_runs_each_draft_length_once_and_forgets_it():
+    policy = FixedPolicy(5)
+    pair = fake_pair(0.0, policy)
+    pair.warm_up()
+    sizes = pair.target_ctx.evals[1:]   # after the prompt's
+    assert sizes[:5] == [6, 5, 4, 3, 2] and sizes.count(6) == 2   # k = 5..1 greedy, then sampled
+    assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
+    assert pair.generate(PROMPT, max_tokens=20).tokens == plain_pair().generate(PROMPT, max_tokens=20).tokens

@@ -205,6 +205,11 @@ class Context(NativeHandle):
         forced = os.environ.get("LLAMASPEC_DEVICE_SAMPLING", "").strip().lower()
         if forced in ("1", "on", "true", "yes", "0", "off", "false", "no"):
             return forced in ("1", "on", "true", "yes")
+        return self.output_on_gpu
+
+    @property
+    def output_on_gpu(self) -> bool:
+        """Whether the output layer (and so every layer before it, as llama.cpp offloads) runs on a GPU."""
         o = self.model.options
         return supports_gpu_offload() and o.devices != () and \
             (o.n_gpu_layers < 0 or o.n_gpu_layers > self.model.info.n_layer)
