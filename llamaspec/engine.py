@@ -224,7 +224,9 @@ class Pair:
         otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
         contexts = [self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ())]
         wanted = all(ctx.prefers_device_sampling for ctx in contexts)
-        if wanted and all([ctx.set_device_sampler(cfg, int(rng.integers(1, 2**31))) for ctx in contexts]):
+        # without a seed any randomness does: each context may keep the chain it has (attaching costs a re-reserve)
+        if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
+                           for ctx in contexts]):
             return True
         for ctx in contexts:
             ctx.set_device_sampler(None)

@@ -236,6 +236,7 @@ class AutoPolicy(DraftPolicy):
         self._pays: bool | None = None  # perfect-draft bound >= min_gain (None: costs not measured yet)
         self._started = False
         self._hold = 0                  # drafted steps the current k is kept for before the next decision
+        self._warm_checked = False      # a verdict of "no draft pays" from cold costs was measured again warm
         self._shadows = False           # the engine runs shadow probes (enable_shadow_probes)
         self._shadow_now = False        # the next plain step is a shadow probe
         self._shadowed: float | None = None   # a shadow probe's acceptance, for the update that follows it
@@ -556,14 +557,19 @@ class AutoPolicy(DraftPolicy):
         """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable. While
         `drafting` (not probing) the current k stays unless the change repays its cold passes."""
         gain = self.perfect_draft_gain()
+        if gain < self.min_gain and not self._draft.samples and not self._warm_checked and \
+                self.switch_cost > 0.1 * self.verify_time(1):
+            # "no draft can pay", from cold passes only, where cold passes cost (a GPU; the first draft of a
+            # request can also pay for attaching its sampler): draft k_start for three steps, judge the third
+            self._warm_checked, self._pays, self._k, self._hold = True, None, self.k_start, 2
+            return
         self._pays = gain >= self.min_gain
         optimistic = self._credit > 0
         best = self._best_k(optimistic) if self._pays else 0
-        if drafting and best != self._k:
-            if not self._worth_changing(self._k, best, optimistic):
-                best = self._k
-            elif best:
-                self._hold = 2
+        if drafting and best != self._k and not self._worth_changing(self._k, best, optimistic):
+            best = self._k
+        if best and best + 1 != self._last_n:   # a size not just run: keep it until it runs warm
+            self._hold = 2
         if best > 0:
             self._probe_interval = self.probe_every
             # Drafting measures no plain pass, yet every gain is judged against one: where the gain is not

@@ -31,6 +31,7 @@ class Machine:
     switch: tuple = (0.0, 0.0)          # extra time of the first and second target pass after its batch size
                                         # changed (a GPU re-captures its CUDA graph: one pass uncaptured, one captured)
     draft_switch: float = 0.0           # extra draft time of a step whose draft length differs from the last one's
+    first_draft: float = 0.0            # extra draft time of a request's first draft (attaching its sampler)
 
     def verify_at(self, n: int, same_before: int) -> float:
         """A target pass over n tokens after `same_before` passes of that size in a row."""
@@ -97,7 +98,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             in_draft = history
             out.draft_prefills += 1
         n_out, size, same = 0, 0, 0           # the target's last batch size and how often in a row
-        last_k = 0
+        last_k, drafted_yet = 0, False
         while n_out < max_tokens:
             k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
             shadow = not k and shadow_len() > 0
@@ -107,7 +108,9 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 if missing > MAX_CATCHUP:
                     missing = min(history, WINDOW)
                 first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
-                rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0))
+                rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0)
+                             + (0.0 if drafted_yet else machine.first_draft))
+                drafted_yet = True
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
             if shadow:   # judged against the token the target emits; the target's pass stays one token
@@ -148,13 +151,19 @@ def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> d
 H200_V = [1.0, 1.07, 1.23, 1.42, 1.58, 1.77, 1.89, 2.11, 2.26, 2.31, 2.31, 2.30, 2.33, 2.35, 2.34, 2.33, 2.55]
 H200 = Machine("h200 curve c=0.046", lambda n: H200_V[n - 1], 0.046, 0.01)
 H200_BIG_DRAFT = Machine("h200 curve c=0.119", lambda n: H200_V[n - 1], 0.119, 0.01)
+# the same with llama.cpp's CUDA graphs as measured on the H200 (benchmarks/results/h200-switch-cost.md): the two
+# passes after a change of batch size take 0.34 and 0.46 of a plain pass more, the draft 0.3 more at a change
+GRAPHS = dict(switch=(0.34, 0.46), draft_switch=0.3)
+H200_GRAPHS = Machine("h200 curve c=0.046, graphs", lambda n: H200_V[n - 1], 0.046, 0.01, **GRAPHS)
+H200_GRAPHS_BIG_DRAFT = Machine("h200 curve c=0.119, graphs", lambda n: H200_V[n - 1], 0.119, 0.01, **GRAPHS)
 # the real 2-core CPU pair's costs (a perfect draft about breaks even), on a shared machine: +-30% timing noise,
 # 2% of moments five times slower
 SHARED_CPU = Machine("cpu v(n)=1+0.45(n-1) c=0.58, shared", lambda n: 1.0 + 0.45 * (n - 1), 0.58, 0.15,
                      noise=0.3, spikes=0.02)
 CHAT, LONG = dict(requests=12, max_tokens=64), dict(requests=4, max_tokens=128)
 TABLE = [(CPU, CHAT, (1.0, 0.7, 0.0)), (SHARED_CPU, CHAT, (0.9, 0.5)), (GPU, LONG, (1.0, 0.7, 0.0)),
-         (H200, LONG, (1.0, 0.7)), (H200_BIG_DRAFT, LONG, (0.0,))]
+         (H200, LONG, (1.0, 0.7)), (H200_BIG_DRAFT, LONG, (0.0,)), (H200_GRAPHS, LONG, (1.0, 0.7)),
+         (H200_GRAPHS_BIG_DRAFT, LONG, (0.0,))]
 
 
 def main(seeds: int = 5) -> None:

@@ -136,3 +136,31 @@ def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeyp
         assert pair.target_ctx.device_sampler == (device == "1")
     assert drafted > 0 and 0 < accepted < drafted  # the draft's tokens were used, and some were rejected
     assert_follows(counts, p)
+
+
+def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
+    """Attaching a chain costs llama.cpp a graph re-reserve: the same filters keep theirs. From the same seed the
+    draws repeat exactly as from a fresh chain; without a seed they are new each time."""
+    tokens = ctx.model.tokenize(PROMPT)
+    cfg = SamplerConfig(1.0, top_k=50)
+
+    def draws(seed, n=24):
+        assert ctx.set_device_sampler(cfg, seed=seed)
+        out = []
+        for _ in range(n):
+            ctx.clear()
+            out.append(ctx.eval_dists(tokens)[0].draw)
+        return out
+
+    ctx.set_device_sampler(None)
+    fresh = draws(7)
+    chain = ctx._chain
+    assert draws(7) == fresh and ctx._chain is chain              # kept, and restarted from seed 7
+    other = draws(8)
+    assert ctx._chain is not chain and other != fresh            # another seed: another chain
+    a = draws(None)
+    chain = ctx._chain
+    b = draws(None)
+    assert ctx._chain is chain and a != b                        # kept, reseeded at random
+    assert ctx.set_device_sampler(SamplerConfig(0.9, top_k=50), seed=None) and ctx._chain is not chain
+    ctx.set_device_sampler(None)

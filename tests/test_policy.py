@@ -1,4 +1,5 @@
 """Draft-length policies, with plain integers and made-up timings."""
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -176,7 +177,7 @@ def test_auto_prices_a_block_drafter_per_pass(acceptance):
 
 
 # -- auto on simulated machines: the engine's step on a fake clock (policy_sim.py) ---------------------------------
-from policy_sim import CPU, GPU, SHARED_CPU, compare, simulate  # noqa: E402
+from policy_sim import CPU, GPU, H200_GRAPHS, H200_GRAPHS_BIG_DRAFT, SHARED_CPU, compare, simulate  # noqa: E402
 
 SEEDS = range(5)
 
@@ -267,3 +268,48 @@ def test_a_larger_batch_is_never_taken_as_cheaper_than_a_smaller_one():
     p.update(0, 0, 0.0, 2.0)   # a slow plain pass
     p.update(3, 3, 0.1, 1.0)   # then a 4-token pass measured faster
     assert p.verify_time(1) <= p.verify_time(2) <= p.verify_time(4) == 1.0
+
+
+# -- a GPU where a change of batch size costs: llama.cpp re-captures its CUDA graph ------------------------------------
+def test_cold_passes_are_learnt_apart_from_warm_ones():
+    p = make_policy("auto")
+    p.enable_shadow_probes()
+    for _ in range(4):
+        p.update(0, 0, 0.0, 1.0)
+    p.update(3, 0, 0.6, 1.9)          # a draft; the two plain passes after it run cold
+    p.update(0, 0, 0.0, 1.3)
+    p.update(0, 0, 0.0, 1.5)
+    for _ in range(3):
+        p.update(0, 0, 0.0, 1.0)
+    assert p.verify_time(1) == pytest.approx(1.0)
+    assert p.switch_cost == pytest.approx(0.4)
+
+
+def test_a_new_draft_length_is_kept_until_it_runs_warm():
+    # each k the policy changes to while drafting is asked for at least 3 steps in a row (its third pass is warm)
+    for seed in SEEDS:
+        p, asked = make_policy("auto"), []
+        update = p.update
+        p.update = lambda *step: (asked.append(p.next_draft_len()), update(*step))
+        simulate(p, H200_GRAPHS, 0.7, seed=seed, requests=2, max_tokens=96)
+        runs = [(k, len(list(g))) for k, g in itertools.groupby(asked)]
+        changes = [n for (before, _), (k, n) in zip(runs, runs[1:-1]) if before and k]
+        assert changes and min(changes) >= 3, runs
+
+
+def test_a_useless_draft_is_probed_in_the_shadow_where_changes_cost():
+    # measured on the H200: a 1-token probe cost about 1.9 plain passes there, the two passes after it included
+    for seed in SEEDS:
+        auto = simulate(make_policy("auto"), H200_GRAPHS_BIG_DRAFT, 0.0, seed=seed, requests=2, max_tokens=96)
+        plain = simulate(FixedPolicy(0), H200_GRAPHS_BIG_DRAFT, 0.0, seed=seed, requests=2, max_tokens=96)
+        assert auto.drafted <= make_policy("auto").k_start and auto.shadows >= 1, seed   # one measuring draft
+        assert auto.throughput >= 0.985 * plain.throughput, seed
+
+
+def test_a_70_percent_draft_recovers_from_a_failed_first_draft_where_changes_cost():
+    ratios = []
+    for seed in range(8):
+        runs = compare(H200_GRAPHS, 0.7, seed=seed, requests=2, max_tokens=96)
+        ratios.append(runs["runs"]["auto"].throughput / runs["runs"][runs["best_fixed"]].throughput)
+    # without shadow probes, a first draft rejected at its first token left auto plain for the whole run (0.63)
+    assert np.mean(ratios) >= 0.85 and min(ratios) >= 0.72, ratios

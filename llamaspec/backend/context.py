@@ -42,6 +42,7 @@ class Context(NativeHandle):
         self._chain = None           # a sampler chain attached to seq 0: greedy (set_device_argmax) or filtering
         self._chain_kind = None      # (set_device_sampler): "argmax" or "sample"
         self._sorted_rows = False    # "sample" chain with top-p and no top-k: each row's candidates come sorted
+        self._chain_key = None       # ("sample" chain) its filters and seed (None: reseeded at random by a reset)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = options.n_ctx
         params.n_batch = options.n_batch
@@ -214,25 +215,35 @@ class Context(NativeHandle):
         return supports_gpu_offload() and o.devices != () and \
             (o.n_gpu_layers < 0 or o.n_gpu_layers > self.model.info.n_layer)
 
-    def set_device_sampler(self, cfg: SamplerConfig | None, seed: int = 0) -> bool:
+    def set_device_sampler(self, cfg: SamplerConfig | None, seed: int | None = 0) -> bool:
         """Attach a chain [temp, top-k, top-p, min-p, dist(seed)] (only the filters cfg turns on) so that llama.cpp
         filters every output row on the device and draws a token from it; `eval_dists` reads the results. None
         detaches. Returns whether it is attached: every sampler must run in the graph (a build or device that
-        cannot keeps nothing attached, and the caller filters logits with numpy instead)."""
-        self._detach_chain()
+        cannot keeps nothing attached, and the caller filters logits with numpy instead).
+        Attaching makes llama.cpp reserve its graphs again at the next decode (tens of milliseconds for a large
+        model), so a chain with the same filters stays attached and restarts instead: from the same seed, the
+        same draws as a fresh one; with seed None (any randomness), from a random one."""
         if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
+            self._detach_chain()
             return False
-        samplers = [llama_cpp.llama_sampler_init_temp(cfg.temperature)]
         top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
+        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p, None if seed is None else seed & 0x7FFFFFFF)
+        if self._chain_kind == "sample" and self._chain_key == key:
+            llama_cpp.llama_sampler_reset(self._chain)
+            return True
+        self._detach_chain()
+        samplers = [llama_cpp.llama_sampler_init_temp(cfg.temperature)]
         if top_k:
             samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
         if cfg.top_p < 1.0:
             samplers.append(llama_cpp.llama_sampler_init_top_p(cfg.top_p, 1))
         if cfg.min_p > 0.0:
             samplers.append(llama_cpp.llama_sampler_init_min_p(cfg.min_p, 1))
-        samplers.append(llama_cpp.llama_sampler_init_dist(seed & 0x7FFFFFFF))
+        samplers.append(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if key[-1] is None else key[-1]))
         self._sorted_rows = cfg.top_p < 1.0 and not top_k  # top-p sorts the vocabulary: the kept ids come first
-        return self._attach_chain(samplers, "sample")
+        attached = self._attach_chain(samplers, "sample")
+        self._chain_key = key if attached else None
+        return attached
 
     @property
     def device_sampler(self) -> bool:
@@ -304,7 +315,7 @@ class Context(NativeHandle):
         if self._chain is not None:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(self._chain)
-            self._chain = self._chain_kind = None
+            self._chain = self._chain_kind = self._chain_key = None
 
     def _decode(self, tokens: Sequence[int], logits: str):
         """Decode in chunks of n_batch; outputs: every row ('all'), the last row ('last') or none. Returns
