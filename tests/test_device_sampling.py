@@ -164,3 +164,22 @@ def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     assert ctx._chain is chain and a != b                        # kept, reseeded at random
     assert ctx.set_device_sampler(SamplerConfig(0.9, top_k=50), seed=None) and ctx._chain is not chain
     ctx.set_device_sampler(None)
+
+
+def test_seeded_requests_keep_the_drafts_chain_and_repeat_exactly(models, monkeypatch):
+    """A seeded request re-attaches the target's chain (its draws follow the seed) but the draft's restarts from
+    its own fixed seed: no graph re-reserve for the draft, and the same seed gives the same output."""
+    monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "1")
+    pair = load_pair(models["target"], models["draft"], no_repack=True, n_ctx=256, n_threads=2, policy="fixed",
+                     draft_max=3)
+    try:
+        draft_ctx = pair.draft_ctx
+        first = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=5)
+        chain = draft_ctx._chain
+        assert pair.target_ctx.device_sampler and draft_ctx.device_sampler
+        other = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=6)
+        assert draft_ctx._chain is chain                                     # kept across seeds
+        again = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=5)
+        assert again.tokens == first.tokens and other.tokens != first.tokens
+    finally:
+        pair.close()
