@@ -171,8 +171,11 @@ class AutoPolicy(DraftPolicy):
        acceptance is beside the point: it stays plain (the draft is then never prefilled) and re-measures with a
        2-token draft every `recheck_every` steps.
     3. Otherwise it drafts the best k, with a plain pass now and then where the gain is not obviously large (every
-       gain is judged against t_verify(1)). When plain wins it probes with a 1-token draft after `probe_every`
-       plain steps, the interval doubling up to `max_probe_interval` while probes fail.
+       gain is judged against t_verify(1)). When plain wins it probes after `probe_every` plain steps, the
+       interval doubling up to `max_probe_interval` while probes fail: with a shadow probe where the engine runs
+       them (one draft token judged against the token the target emits; the target's pass stays one token), else
+       with a 1-token draft. A shadow probe that was accepted, with the costs not measured yet, is followed by the
+       measuring draft of step 1.
     Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost
     against plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what
     it gained, up to `credit_steps` plain passes. Optimistic estimates (longer drafts than the evidence supports)
@@ -183,7 +186,9 @@ class AutoPolicy(DraftPolicy):
     32B target: a 1-token probe made the two plain passes after it 3.5 and 4.8 ms slower than their 10.4 ms). So a
     step counts as warm only after two steps of its size in a row; costs are learnt from warm steps, and what a
     cold pass costs beyond its warm time (`switch_cost`) is learnt from the cold ones, charged to the credit, added
-    to a probe's price, and asked back by a change of k before it is made (`horizon` steps must repay it).
+    to a probe's price, and asked back by a change of k before it is made (`horizon` steps must repay it). A new
+    k is kept for three steps (its third runs warm) before the next decision, and a "no draft pays" drawn from
+    cold costs alone, where cold passes cost, is measured once more warm.
     Timings are robust decayed averages (_Timing); acceptance counts decay too, so the policy follows changes within
     a request. A plain step is O(1); the search over k runs after drafted steps only.
     """
