@@ -224,15 +224,12 @@ class Pair:
         otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
         contexts = [self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ())]
         wanted = all(ctx.prefers_device_sampling for ctx in contexts)
-        # Attaching a chain costs llama.cpp a re-reserve of that context's graphs at its next decode: a context
-        # keeps the chain it has where the seed allows. Without a seed any randomness does; with one, the target's
-        # draws follow it and the drafter's restart from a fixed seed of their own (the output's law needs only
-        # draft draws independent of the accept tests, and the same seed still gives the same output).
-        if wanted:
-            seeds = [None] * len(contexts) if cfg.seed is None else \
-                [int(rng.integers(1, 2**31))] + [DRAFT_SEED + i for i in range(len(contexts) - 1)]
-            if all([ctx.set_device_sampler(cfg, seed) for ctx, seed in zip(contexts, seeds)]):
-                return True
+        # Attaching a chain costs llama.cpp a re-reserve of that context's graphs at its next decode, so without a
+        # seed each context keeps the chain it has (restarted at random). With one, every chain's draws follow it:
+        # the draft's too, or the same draft draws in every request would bias the output across seeds.
+        if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
+                           for ctx in contexts]):
+            return True
         for ctx in contexts:
             ctx.set_device_sampler(None)
         return False
@@ -338,9 +335,6 @@ class Pair:
         self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0) + (t4 - t3), t3 - t1)
         stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
-
-
-DRAFT_SEED = 0x5EED   # the drafter contexts' device chains, for seeded requests (Pair._device_sampling)
 
 
 class _Sweep(DraftPolicy):

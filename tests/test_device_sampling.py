@@ -166,19 +166,23 @@ def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     ctx.set_device_sampler(None)
 
 
-def test_seeded_requests_keep_the_drafts_chain_and_repeat_exactly(models, monkeypatch):
-    """A seeded request re-attaches the target's chain (its draws follow the seed) but the draft's restarts from
-    its own fixed seed: no graph re-reserve for the draft, and the same seed gives the same output."""
+def test_seedless_requests_keep_their_chains_and_seeded_ones_repeat(models, monkeypatch):
+    """Without a seed, draft and target keep their chains from request to request (no graph re-reserve) and draw
+    afresh; with one, both follow it (a draft drawing the same in every request would bias the output across
+    seeds), and the same seed gives the same output."""
     monkeypatch.setenv("LLAMASPEC_DEVICE_SAMPLING", "1")
     pair = load_pair(models["target"], models["draft"], no_repack=True, n_ctx=256, n_threads=2, policy="fixed",
                      draft_max=3)
     try:
-        draft_ctx = pair.draft_ctx
+        contexts = (pair.target_ctx, pair.draft_ctx)
+        a = pair.generate(PROMPT, max_tokens=24, temperature=0.9)
+        chains = [ctx._chain for ctx in contexts]
+        assert all(ctx.device_sampler for ctx in contexts)
+        b = pair.generate(PROMPT, max_tokens=24, temperature=0.9)
+        assert [ctx._chain for ctx in contexts] == chains and a.tokens != b.tokens
         first = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=5)
-        chain = draft_ctx._chain
-        assert pair.target_ctx.device_sampler and draft_ctx.device_sampler
+        assert all(ctx._chain is not chain for ctx, chain in zip(contexts, chains))
         other = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=6)
-        assert draft_ctx._chain is chain                                     # kept across seeds
         again = pair.generate(PROMPT, max_tokens=24, temperature=0.9, seed=5)
         assert again.tokens == first.tokens and other.tokens != first.tokens
     finally:
