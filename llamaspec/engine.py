@@ -88,7 +88,7 @@ class Pair:
         by the first request (and could make `auto` judge that no draft pays). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
-        policy, k_max = self.policy, min(k_max or self.policy.k_max or 1, 16)
+        policy, k_max = self.policy, min(k_max or getattr(self.policy, "k_max", 0) or 1, 16)
         prompt = self.tokenize("warm up")
         try:
             for temperature in (0.0, 0.8):
