@@ -224,9 +224,8 @@ class Pair:
         otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
         contexts = [self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ())]
         wanted = all(ctx.prefers_device_sampling for ctx in contexts)
-        # Attaching a chain costs llama.cpp a re-reserve of that context's graphs at its next decode, so without a
-        # seed each context keeps the chain it has (restarted at random). With one, every chain's draws follow it:
-        # the draft's too, or the same draft draws in every request would bias the output across seeds.
+        # Every chain's draws follow the request's seed (the draft's too: the same draft draws in every request
+        # would bias the output across seeds), or none at all; a chain with unchanged filters stays attached.
         if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
                            for ctx in contexts]):
             return True

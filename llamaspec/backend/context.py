@@ -42,7 +42,7 @@ class Context(NativeHandle):
         self._chain = None           # a sampler chain attached to seq 0: greedy (set_device_argmax) or filtering
         self._chain_kind = None      # (set_device_sampler): "argmax" or "sample"
         self._sorted_rows = False    # "sample" chain with top-p and no top-k: each row's candidates come sorted
-        self._chain_key = None       # ("sample" chain) its filters and seed (None: reseeded at random by a reset)
+        self._chain_key = None       # ("sample" chain) its filters
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = options.n_ctx
         params.n_batch = options.n_batch
@@ -191,7 +191,7 @@ class Context(NativeHandle):
             return False
         if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
             return False
-        return self._attach_chain([llama_cpp.llama_sampler_init_greedy()], "argmax")
+        return self._attach_chain(_chain_of([llama_cpp.llama_sampler_init_greedy()]), "argmax")
 
     @property
     def device_argmax(self) -> bool:
@@ -221,29 +221,36 @@ class Context(NativeHandle):
         detaches. Returns whether it is attached: every sampler must run in the graph (a build or device that
         cannot keeps nothing attached, and the caller filters logits with numpy instead).
         Attaching makes llama.cpp reserve its graphs again at the next decode (tens of milliseconds for a large
-        model), so a chain with the same filters stays attached and restarts instead: from the same seed, the
-        same draws as a fresh one; with seed None (any randomness), from a random one."""
+        model), so a chain with the same filters stays attached and takes the state of a fresh one instead
+        (llama_sampler_copy: its random generator, seeded from `seed`, or at random for None): the same draws as a
+        fresh chain, without the re-reserve."""
         if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
             self._detach_chain()
             return False
         top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
-        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p, None if seed is None else seed & 0x7FFFFFFF)
-        if self._chain_kind == "sample" and self._chain_key == key:
-            llama_cpp.llama_sampler_reset(self._chain)
+        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p)
+        fresh = self._sampling_chain(key, llama_cpp.LLAMA_DEFAULT_SEED if seed is None else seed & 0x7FFFFFFF)
+        if self._chain_kind == "sample" and self._chain_key == key and hasattr(llama_cpp, "llama_sampler_copy"):
+            llama_cpp.llama_sampler_copy(fresh, self._chain)
+            llama_cpp.llama_sampler_free(fresh)
             return True
-        self._detach_chain()
-        samplers = [llama_cpp.llama_sampler_init_temp(cfg.temperature)]
-        if top_k:
-            samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
-        if cfg.top_p < 1.0:
-            samplers.append(llama_cpp.llama_sampler_init_top_p(cfg.top_p, 1))
-        if cfg.min_p > 0.0:
-            samplers.append(llama_cpp.llama_sampler_init_min_p(cfg.min_p, 1))
-        samplers.append(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if key[-1] is None else key[-1]))
         self._sorted_rows = cfg.top_p < 1.0 and not top_k  # top-p sorts the vocabulary: the kept ids come first
-        attached = self._attach_chain(samplers, "sample")
+        attached = self._attach_chain(fresh, "sample")
         self._chain_key = key if attached else None
         return attached
+
+    @staticmethod
+    def _sampling_chain(key: tuple, seed: int):
+        temperature, top_k, top_p, min_p = key
+        samplers = [llama_cpp.llama_sampler_init_temp(temperature)]
+        if top_k:
+            samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            samplers.append(llama_cpp.llama_sampler_init_top_p(top_p, 1))
+        if min_p > 0.0:
+            samplers.append(llama_cpp.llama_sampler_init_min_p(min_p, 1))
+        samplers.append(llama_cpp.llama_sampler_init_dist(seed))
+        return _chain_of(samplers)
 
     @property
     def device_sampler(self) -> bool:
@@ -292,11 +299,9 @@ class Context(NativeHandle):
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n,))
         return view
 
-    def _attach_chain(self, samplers: list, kind: str) -> bool:
+    def _attach_chain(self, chain, kind: str) -> bool:
+        """Attach a sampler chain (this context owns it from here, attached or not)."""
         self._detach_chain()
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        for sampler in samplers:
-            llama_cpp.llama_sampler_chain_add(chain, sampler)
         with native_log():
             ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
         # llama.cpp attaches a chain even when only a prefix of it can run in the graph (the rest would be left
@@ -494,3 +499,10 @@ class Context(NativeHandle):
 
 def _is_zero(p) -> bool:
     return p <= 0.0
+
+
+def _chain_of(samplers: list):
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    for sampler in samplers:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+    return chain
