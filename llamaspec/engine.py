@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .policy import DraftPolicy, FixedPolicy, make_policy
+from .policy import Costs, DraftPolicy, FixedPolicy, make_policy
 from .sampling import SamplerConfig, as_dist, filter_logits
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
@@ -41,6 +42,7 @@ class Pair:
         self.target, self.target_ctx = target, target_ctx
         self.drafter = drafter
         self.n_vocab = target.n_vocab
+        self.costs: Costs | None = None   # what the passes cost, measured by warm_up
         self.policy = FixedPolicy(0)
         self.set_policy(policy if policy is not None else make_policy("auto"))
         self._history: list[int] = []
@@ -80,22 +82,33 @@ class Pair:
         shadows = getattr(self.policy, "enable_shadow_probes", None)
         if self.drafter is not None and shadows is not None:
             shadows()
+        calibrate = getattr(self.policy, "calibrate", None)
+        if self.drafter is not None and calibrate is not None and self.costs is not None:
+            calibrate(self.costs)
         self._shadow_len = getattr(self.policy, "shadow_len", lambda: 0)
 
     def warm_up(self, k_max: int | None = None) -> None:
-        """Run every draft length up to k_max (the policy's) once, greedy and sampled, then forget it all. On a GPU
-        the first pass of each batch size loads its kernels and builds its graphs, which would otherwise be timed
-        by the first request (and could make `auto` judge that no draft pays). load_pair calls it on GPU targets."""
+        """Run every draft length up to k_max (the policy's), greedy three steps each and then sampled once each, and
+        forget the text. On a GPU the first pass of each batch size loads its kernels and builds its graphs, which
+        would otherwise be timed by the first request (and could make `auto` judge that no draft pays); the third
+        greedy step of each size runs warm, and what those took becomes `costs`, which every policy taken from here
+        on starts from (DraftPolicy.calibrate). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
         policy, k_max = self.policy, min(k_max or getattr(self.policy, "k_max", 0) or 1, 16)
         prompt = self.tokenize("warm up")
         try:
-            for temperature in (0.0, 0.8):
-                self.policy = sweep = _Sweep(k_max)
-                for _ in self.stream(prompt, max_tokens=k_max * (k_max + 1), temperature=temperature, seed=1):
-                    if not sweep.k:
+            for temperature, repeats in ((0.0, 3), (0.8, 1)):
+                self.policy = sweep = _Sweep(k_max, repeats)
+                for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next
+                    for _ in self.stream(prompt, max_tokens=repeats * (k_max + 1) ** 2, temperature=temperature,
+                                         seed=1):
+                        if sweep.done:
+                            break
+                    if sweep.done:
                         break
+                if repeats > 1:
+                    self.costs = sweep.costs()
         finally:
             self.set_policy(policy)
             self.reset()
@@ -337,18 +350,44 @@ class Pair:
 
 
 class _Sweep(DraftPolicy):
-    """Draft k_max tokens, then one fewer at every step down to 1 (Pair.warm_up)."""
+    """Draft k_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row (Pair.warm_up).
+    From the third pass of a size in a row on, its passes run warm: costs() tells what those took, and how much
+    more the first two took."""
 
     name = "sweep"
 
-    def __init__(self, k_max: int):
+    def __init__(self, k_max: int, repeats: int = 1):
         self.k = self.k_max = k_max
+        self.repeats = self._left = repeats
+        self.done = False
+        self._last_n = self._run = 0
+        self._warm: dict[int, list[float]] = {}
+        self._cold: dict[int, list[float]] = {}
+        self._draft: list[float] = []
 
     def next_draft_len(self) -> int:
         return self.k
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        self.k = max(self.k - 1, 0)
+        n = drafted + 1
+        self._run = self._run + 1 if n == self._last_n else 1
+        self._last_n = n
+        if self._run >= 3:
+            self._warm.setdefault(n, []).append(verify_seconds)
+            if drafted:
+                self._draft.append(draft_seconds / drafted)
+        else:
+            self._cold.setdefault(n, []).append(verify_seconds)
+        self._left -= 1
+        if not self._left:
+            self.k, self._left = self.k - 1, self.repeats
+            self.done = self.k < 0
+            self.k = max(self.k, 0)
+
+    def costs(self) -> Costs:
+        verify = {n: median(seconds) for n, seconds in sorted(self._warm.items())}
+        excess = [c - verify[n] for n, seconds in self._cold.items() if n in verify for c in seconds]
+        return Costs(verify, median(self._draft) if self._draft else None, excess)
 
 
 def shadow_acceptance(probe, emitted: int, target_probs) -> float:

@@ -9,10 +9,22 @@ from __future__ import annotations
 import abc
 from bisect import insort
 from collections import deque
+from dataclasses import dataclass, field
 from statistics import median
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
 from .errors import InvalidParameterError
+
+
+@dataclass
+class Costs:
+    """What a pair's passes cost on this machine, measured at load (Pair.warm_up), in seconds: the warm target pass
+    over n tokens (`verify[n]`), a drafted token (a draft pass, for a "per_pass" drafter), and what the first two
+    passes after a change of batch size took beyond a warm one (`excess`, one entry per pass)."""
+
+    verify: dict = field(default_factory=dict)
+    draft: float | None = None
+    excess: list = field(default_factory=list)
 
 
 class DraftPolicy(abc.ABC):
@@ -48,6 +60,10 @@ class DraftPolicy(abc.ABC):
 
     def enable_shadow_probes(self) -> None:
         """The engine can run shadow probes (it says so when it takes the policy)."""
+
+    def calibrate(self, costs: Costs) -> None:
+        """The pair's costs as measured at load (the engine gives them when it takes the policy, where it has
+        them): a policy may start from them instead of measuring its first drafts."""
 
     def set_draft_cost(self, kind: str) -> None:
         """How the drafter's time grows with the draft length: "per_token" (a draft model, an MTP head: one pass per
@@ -247,9 +263,29 @@ class AutoPolicy(DraftPolicy):
         self._shadowed: float | None = None   # a shadow probe's acceptance, for the update that follows it
         self._shadow_costs: deque[float] = deque(maxlen=9)
         self._per_pass = False          # t_draft is per draft pass, not per drafted token (set_draft_cost)
+        self._calibrated = False        # started from the costs measured at load (calibrate)
 
     def new_request(self) -> None:
         self._last_n = self._run = 0
+
+    def calibrate(self, costs: Costs) -> None:
+        """Start from the costs measured at load: every batch size's warm pass, a drafted token and the cold
+        passes' excess, each as if measured three times (real passes take over as they come). Acceptance is then
+        the one unknown: the first decision asks it with a shadow probe, where the engine runs them, instead of a
+        measuring draft and the cold passes around it."""
+        if self._calibrated:
+            return
+        self._calibrated = True
+        for n, seconds in costs.verify.items():
+            if n not in self._verify:
+                self._verify[n], self._cold[n] = _Timing(), _Timing()
+                insort(self._sizes, n)
+            for _ in range(self._plain_samples):
+                self._verify[n].add(seconds, 1.0, self.decay)
+        if costs.draft is not None:
+            for _ in range(self._plain_samples):
+                self._draft.add(costs.draft, 1.0, self.decay)
+        self._excess.extend(costs.excess[-self._excess.maxlen:])
 
     def enable_shadow_probes(self) -> None:
         self._shadows = True
@@ -515,6 +551,14 @@ class AutoPolicy(DraftPolicy):
             return
         self._decide(probe_failed=accepted < 0.5)
 
+    def _longest_interval(self) -> int:
+        """How far failed probes back off: `max_probe_interval`, or less where a shadow probe costs under half the
+        loss budget of the plain steps between them (a drafter far cheaper than the target)."""
+        if not self._shadows or not self._shadow_costs:
+            return self.max_probe_interval
+        steps = self._shadow_loss() / (0.5 * self.loss_budget * self.verify_time(1)) if self.loss_budget else 1e9
+        return int(min(max(steps, self.probe_every), self.max_probe_interval))
+
     def _shadow_loss(self) -> float:
         """Seconds a shadow probe costs: as the recent ones took, else twice a drafted token (the token and its
         catch-up, one batch: on a GPU a batch of many tokens costs a small multiple of one)."""
@@ -560,7 +604,7 @@ class AutoPolicy(DraftPolicy):
 
     def _decide(self, probe_failed: bool, drafting: bool = False) -> None:
         """Stay plain where no draft can pay; else the best k, optimistic while exploring is affordable. While
-        `drafting` (not probing) the current k stays unless the change repays its cold passes."""
+        `drafting` (not probing), or plain, the current k stays unless the change repays its cold passes."""
         gain = self.perfect_draft_gain()
         if gain < self.min_gain and not self._draft.samples and not self._warm_checked and \
                 self.switch_cost > 0.1 * self.verify_time(1):
@@ -569,12 +613,16 @@ class AutoPolicy(DraftPolicy):
             self._warm_checked, self._pays, self._k, self._hold = True, None, self.k_start, 2
             return
         self._pays = gain >= self.min_gain
+        if self._pays and self._shadows and not self._tried[1]:
+            # no acceptance seen yet (the costs came from calibrate): a shadow probe asks before any draft
+            self._k, self._shadow_now, self._since_probe, self._probe_due = 0, True, 0, self._probe_interval
+            return
         optimistic = self._credit > 0
         best = self._best_k(optimistic) if self._pays else 0
-        if drafting and best != self._k and not self._worth_changing(self._k, best, optimistic):
-            best = self._k
-        if best and best + 1 != self._last_n:   # a size not just run: keep it until it runs warm
-            self._hold = 2
+        if best != self._k and (drafting or not self._k) and not self._worth_changing(self._k, best, optimistic):
+            best = self._k   # drafting, or plain after a shadow probe: a change must repay its cold passes
+        if best and best + 1 != self._last_n and not self._calibrated:   # a size not just run: keep it until it
+            self._hold = 2                                                 # runs warm (its costs are unknown)
         if best > 0:
             self._probe_interval = self.probe_every
             # Drafting measures no plain pass, yet every gain is judged against one: where the gain is not
@@ -585,12 +633,16 @@ class AutoPolicy(DraftPolicy):
             if self._since_plain >= every and gain < self._sure_gain * self.min_gain and \
                     self.switch_cost <= 0.05 * self.verify_time(1):
                 best, self._refresh = 0, True
-        elif probe_failed and self._pays:  # back off while probes fail; one that was accepted: look again soon
-            self._probe_interval = min(self._probe_interval * 2, self.max_probe_interval)
+        elif probe_failed and self._pays and self._tried[1] >= 2:
+            # back off while probes fail (after a second try: one rejection says little); one that was accepted:
+            # look again soon
+            self._probe_interval = min(self._probe_interval * 2, self._longest_interval())
         else:
             self._probe_interval = self.probe_every
         self._since_probe, self._k = 0, best
         self._probe_due = self._probe_interval if self._pays else self.recheck_every
+        if not best and self._pays and self._shadows and self._tried[1] < self._plain_samples:
+            self._probe_due = 1   # acceptance seen once or twice: ask again with the next shadow probe
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from llamaspec.policy import DraftPolicy, FixedPolicy, make_policy
+from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, make_policy
 
 WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
 
@@ -32,11 +32,17 @@ class Machine:
                                         # changed (a GPU re-captures its CUDA graph: one pass uncaptured, one captured)
     draft_switch: float = 0.0           # extra draft time of a step whose draft length differs from the last one's
     first_draft: float = 0.0            # extra draft time of a request's first draft (attaching its sampler)
+    gpu: bool = False                   # load_pair warms the pair up and measures its costs (Pair.warm_up)
 
     def verify_at(self, n: int, same_before: int) -> float:
         """A target pass over n tokens after `same_before` passes of that size in a row."""
         extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
         return self.verify(n) + extra
+
+    def costs(self, k_max: int) -> Costs:
+        """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess."""
+        return Costs({n: self.verify(n) for n in range(1, k_max + 2)}, self.draft_cost,
+                     [self.switch[0], self.switch[1]] * (k_max + 1))
 
     def draft_batch(self, n: int) -> float:
         """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
@@ -44,7 +50,7 @@ class Machine:
 
 
 CPU = Machine("cpu v(n)=n c=0.3", lambda n: float(n), 0.3, 0.15)
-GPU = Machine("gpu v(n)=1+0.12(n-1) c=0.05", lambda n: 1.0 + 0.12 * (n - 1), 0.05, 0.01)
+GPU = Machine("gpu v(n)=1+0.12(n-1) c=0.05", lambda n: 1.0 + 0.12 * (n - 1), 0.05, 0.01, gpu=True)
 
 
 @dataclass
@@ -82,6 +88,8 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
     getattr(policy, "enable_shadow_probes", lambda: None)()   # as Pair.set_policy does
+    if machine.gpu:
+        getattr(policy, "calibrate", lambda costs: None)(machine.costs(policy.k_max))
     shadow_len = getattr(policy, "shadow_len", lambda: 0)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
@@ -149,13 +157,18 @@ def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> d
 # Verify cost v(n) / v(1) of a 32B-shaped Q4_0 target on an H200 (benchmarks/results/h200-cost-curve.json); the
 # 2-layer drafts cost 0.046 of a target token, the 0.5B-shaped one 0.119.
 H200_V = [1.0, 1.07, 1.23, 1.42, 1.58, 1.77, 1.89, 2.11, 2.26, 2.31, 2.31, 2.30, 2.33, 2.35, 2.34, 2.33, 2.55]
-H200 = Machine("h200 curve c=0.046", lambda n: H200_V[n - 1], 0.046, 0.01)
-H200_BIG_DRAFT = Machine("h200 curve c=0.119", lambda n: H200_V[n - 1], 0.119, 0.01)
+H200 = Machine("h200 curve c=0.046", lambda n: H200_V[n - 1], 0.046, 0.01, gpu=True)
+H200_BIG_DRAFT = Machine("h200 curve c=0.119", lambda n: H200_V[n - 1], 0.119, 0.01, gpu=True)
 # the same with llama.cpp's CUDA graphs as measured on the H200 (benchmarks/results/h200-switch-cost.md): the two
 # passes after a change of batch size take 0.34 and 0.46 of a plain pass more, the draft 0.3 more at a change
-GRAPHS = dict(switch=(0.34, 0.46), draft_switch=0.3)
+GRAPHS = dict(switch=(0.34, 0.46), draft_switch=0.3, gpu=True)
 H200_GRAPHS = Machine("h200 curve c=0.046, graphs", lambda n: H200_V[n - 1], 0.046, 0.01, **GRAPHS)
 H200_GRAPHS_BIG_DRAFT = Machine("h200 curve c=0.119, graphs", lambda n: H200_V[n - 1], 0.119, 0.01, **GRAPHS)
+# a 27B qwen35-shaped hybrid target with its MTP head on the H200 (results/h200-auto-before-after.md: fixed k=2 and
+# k=3 verified in 1.34 and 1.59 plain passes, a drafted token 0.11, a cold pass 0.6-1.0 plain passes slower)
+V27 = [1.0, 1.09, 1.34, 1.59, 1.70, 1.82, 1.94, 2.06, 2.18, 2.30, 2.42, 2.54, 2.66]
+H200_MTP = Machine("h200 27B hybrid + MTP c=0.11, graphs", lambda n: V27[n - 1], 0.11, 0.01,
+                   switch=(0.7, 0.7), draft_switch=0.1, gpu=True)
 # the real 2-core CPU pair's costs (a perfect draft about breaks even), on a shared machine: +-30% timing noise,
 # 2% of moments five times slower
 SHARED_CPU = Machine("cpu v(n)=1+0.45(n-1) c=0.58, shared", lambda n: 1.0 + 0.45 * (n - 1), 0.58, 0.15,
@@ -163,7 +176,7 @@ SHARED_CPU = Machine("cpu v(n)=1+0.45(n-1) c=0.58, shared", lambda n: 1.0 + 0.45
 CHAT, LONG = dict(requests=12, max_tokens=64), dict(requests=4, max_tokens=128)
 TABLE = [(CPU, CHAT, (1.0, 0.7, 0.0)), (SHARED_CPU, CHAT, (0.9, 0.5)), (GPU, LONG, (1.0, 0.7, 0.0)),
          (H200, LONG, (1.0, 0.7)), (H200_BIG_DRAFT, LONG, (0.0,)), (H200_GRAPHS, LONG, (1.0, 0.7)),
-         (H200_GRAPHS_BIG_DRAFT, LONG, (0.0,))]
+         (H200_GRAPHS_BIG_DRAFT, LONG, (0.0,)), (H200_MTP, LONG, (0.8, 0.6))]
 
 
 def main(seeds: int = 5) -> None:

@@ -7,7 +7,7 @@ from fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pai
 from llamaspec.drafters import Draft, make_drafter
 from llamaspec.engine import Pair, StopMatcher, shadow_acceptance
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
-from llamaspec.policy import DraftPolicy, FixedPolicy, ThresholdPolicy
+from llamaspec.policy import DraftPolicy, FixedPolicy, ThresholdPolicy, make_policy
 from llamaspec.sampling import Dist, SamplerConfig, filtered_probs
 
 PROMPT = [5, 9, 11, 3]
@@ -288,11 +288,18 @@ def test_shadow_probes_run_at_a_temperature_with_one_token_target_passes():
     assert len(policy.results) == 15 and all(0.0 <= a <= 1.0 for a, _ in policy.results)
 
 
-def test_warm_up_runs_each_draft_length_once_and_forgets_it():
+def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text():
     policy = FixedPolicy(5)
     pair = fake_pair(0.0, policy)
     pair.warm_up()
-    sizes = pair.target_ctx.evals[1:]   # after the prompt's
-    assert sizes[:5] == [6, 5, 4, 3, 2] and sizes.count(6) == 2   # k = 5..1 greedy, then sampled
+    sizes = [n for n in pair.target_ctx.evals[1:] if n <= 6]   # after the prompt's (the sampled sweep's is longer)
+    assert sizes[:18] == [6, 6, 6, 5, 5, 5, 4, 4, 4, 3, 3, 3, 2, 2, 2, 1, 1, 1]   # greedy: three steps of each k
+    assert sizes[18:24] == [6, 5, 4, 3, 2, 1]                                        # then sampled, once each
     assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
+    assert sorted(pair.costs.verify) == [1, 2, 3, 4, 5, 6] and pair.costs.draft > 0
+    assert len(pair.costs.excess) == 12                                              # two cold passes a size
+    auto = make_policy("auto", k=5)
+    pair.set_policy(auto)   # every policy taken from here on starts from them
+    assert auto.verify_time(6) == pytest.approx(pair.costs.verify[6]) and auto.t_draft == pytest.approx(pair.costs.draft)
+    pair.set_policy(policy)
     assert pair.generate(PROMPT, max_tokens=20).tokens == plain_pair().generate(PROMPT, max_tokens=20).tokens

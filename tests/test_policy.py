@@ -1,4 +1,5 @@
 """Draft-length policies, with plain integers and made-up timings."""
+import dataclasses
 import itertools
 from collections import Counter
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from llamaspec.errors import InvalidParameterError
-from llamaspec.policy import AutoPolicy, ConfidencePolicy, FixedPolicy, ThresholdPolicy, make_policy
+from llamaspec.policy import AutoPolicy, ConfidencePolicy, Costs, FixedPolicy, ThresholdPolicy, make_policy
 
 
 def test_fixed_policy_never_changes():
@@ -286,24 +287,62 @@ def test_cold_passes_are_learnt_apart_from_warm_ones():
 
 
 def test_a_new_draft_length_is_kept_until_it_runs_warm():
-    # each k the policy changes to while drafting is asked for at least 3 steps in a row (its third pass is warm)
+    # each k the policy changes to while drafting is asked for at least 3 steps in a row (its third pass is warm),
+    # where the costs were not measured at load (warm_up=False)
     for seed in SEEDS:
         p, asked = make_policy("auto"), []
         update = p.update
         p.update = lambda *step: (asked.append(p.next_draft_len()), update(*step))
-        simulate(p, H200_GRAPHS, 0.7, seed=seed, requests=2, max_tokens=96)
+        simulate(p, dataclasses.replace(H200_GRAPHS, gpu=False), 0.7, seed=seed, requests=2, max_tokens=96)
         runs = [(k, len(list(g))) for k, g in itertools.groupby(asked)]
         changes = [n for (before, _), (k, n) in zip(runs, runs[1:-1]) if before and k]
         assert changes and min(changes) >= 3, runs
 
 
-def test_a_useless_draft_is_probed_in_the_shadow_where_changes_cost():
-    # measured on the H200: a 1-token probe cost about 1.9 plain passes there, the two passes after it included
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_a_useless_draft_is_probed_in_the_shadow_where_changes_cost(calibrated):
+    # measured on the H200: a 1-token probe cost about 1.9 plain passes there, the two passes after it included.
+    # With the costs measured at load no draft is ever verified; without, one measuring draft.
+    machine = dataclasses.replace(H200_GRAPHS_BIG_DRAFT, gpu=calibrated)
     for seed in SEEDS:
-        auto = simulate(make_policy("auto"), H200_GRAPHS_BIG_DRAFT, 0.0, seed=seed, requests=2, max_tokens=96)
-        plain = simulate(FixedPolicy(0), H200_GRAPHS_BIG_DRAFT, 0.0, seed=seed, requests=2, max_tokens=96)
-        assert auto.drafted <= make_policy("auto").k_start and auto.shadows >= 1, seed   # one measuring draft
-        assert auto.throughput >= 0.985 * plain.throughput, seed
+        auto = simulate(make_policy("auto"), machine, 0.0, seed=seed, requests=2, max_tokens=96)
+        plain = simulate(FixedPolicy(0), machine, 0.0, seed=seed, requests=2, max_tokens=96)
+        assert auto.drafted == (0 if calibrated else make_policy("auto").k_start) and auto.shadows >= 1, seed
+        assert auto.throughput >= (0.99 if calibrated else 0.985) * plain.throughput, seed
+
+
+def test_calibrated_costs_replace_the_measuring_draft():
+    p = make_policy("auto", k=4)
+    p.enable_shadow_probes()
+    p.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
+    assert [round(p.verify_time(n), 6) for n in range(1, 6)] == [1.0, 1.3, 1.6, 1.9, 2.2]
+    assert p.t_draft == pytest.approx(0.05) and 0.4 <= p.switch_cost <= 0.5
+    p.calibrate(Costs({1: 9.0}, 9.0, [9.0]))   # once: a later call (the same policy set again) changes nothing
+    assert p.verify_time(1) == pytest.approx(1.0)
+    p.new_request()
+    p.update(0, 0, 0.0, 1.4)                   # the first step after a prompt (cold): plain
+    assert p.next_draft_len() == 0 and p.shadow_len() == 1   # acceptance is asked in the shadow first
+    p.shadow(1.0, 0.06)
+    p.update(0, 0, 0.0, 1.5)
+    assert p.next_draft_len() > 0              # accepted: now a draft pays
+    q = make_policy("auto", k=4)
+    q.enable_shadow_probes()
+    q.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
+    q.update(0, 0, 0.0, 1.0)
+    q.shadow(0.0, 0.06)
+    q.update(0, 0, 0.0, 1.0)
+    assert q.next_draft_len() == 0 and q.shadow_len() == 0
+    q.update(0, 0, 0.0, 1.0)                   # rejected once: asked again by the next shadow probe
+    assert q.shadow_len() == 1
+
+
+def test_calibrated_costs_that_no_draft_can_repay_keep_auto_plain():
+    p = make_policy("auto", k=4)
+    p.enable_shadow_probes()
+    p.calibrate(Costs({n: float(n) for n in range(1, 6)}, 0.5, [0.0] * 10))   # a CPU: n tokens cost n passes
+    for _ in range(200):
+        p.update(p.next_draft_len(), 0, 0.0, 1.0)
+        assert p.next_draft_len() == 0 and p.shadow_len() == 0
 
 
 def test_a_70_percent_draft_recovers_from_a_failed_first_draft_where_changes_cost():
