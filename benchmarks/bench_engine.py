@@ -111,6 +111,27 @@ def run_mode(pair, mode: str, prompts, n_tokens: int, temperature: float, filter
     return row
 
 
+def record_steps(policy) -> list[str]:
+    """The draft length of every step a policy learns from, one character each (10-35 as a-z)."""
+    steps: list[str] = []
+    update, shadow, new_request = policy.update, policy.shadow, policy.new_request
+
+    def on_update(drafted, *rest):
+        steps.append("0123456789abcdefghijklmnopqrstuvwxyz"[min(drafted, 35)])
+        update(drafted, *rest)
+
+    def on_shadow(accepted, seconds):
+        steps.append("s" if accepted >= 0.5 else "x")
+        shadow(accepted, seconds)
+
+    def on_new_request():
+        steps.append("|")
+        new_request()
+
+    policy.update, policy.shadow, policy.new_request = on_update, on_shadow, on_new_request
+    return steps
+
+
 def run_llama_spec(tools: Path, target: str, draft: str | None, prompt: str, n_tokens: int, k: int,
                    temperature: float, filters: dict, threads: int, no_repack: bool, extra: list[str],
                    spec_type: str = "draft-simple") -> dict:
@@ -200,8 +221,8 @@ def main() -> None:
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))
-    if hasattr(pair, "warm_up"):   # every draft length any mode will ask for, as load_pair does for its policy
-        pair.warm_up(longest)
+    if hasattr(pair, "warm_up") and pair.target_ctx.output_on_gpu:
+        pair.warm_up(longest)   # every draft length any mode will ask for, where load_pair warms up for its policy
     pair.generate("warm up", max_tokens=16)
     results = []
     for temperature in temps:
@@ -216,10 +237,12 @@ def main() -> None:
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
+            steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None
             rows.append(run_mode(pair, label, prompts, a.tokens, temperature, filters))
-            if isinstance(policy, AutoPolicy):   # what it measured explains what it chose
+            if steps is not None:   # what it measured explains what it chose
                 states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
-                              f"{rows[-1].shadow_probes} shadow probes")
+                              f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
+                              f"accepted/rejected, | a new request): `{''.join(steps)}`")
             print(f"done: T={temperature} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         for k in ks if a.tools else []:
             runs = [run_llama_spec(a.tools, a.target, a.draft, p, a.tokens, k, temperature, filters, a.threads,
