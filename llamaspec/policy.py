@@ -234,7 +234,7 @@ class AutoPolicy(DraftPolicy):
         # (position 1 leans on the prior lightly, so that a useless draft shows at once; later positions on the one
         # before them firmly, so that one rejection at position 2 does not keep drafts at one token)
         self._prior, self._prior_weight, self._chain_weight = 0.6, 0.5, 2.0
-        self._stale_decay, self._bonus = 0.995, 0.2
+        self._stale_decay = 0.995
         self._plain_samples, self._sure_gain, self._refresh_every = 3, 2.0, 8
         self._acc = [0.0] * (self.k_max + 1)
         self._tried = [0.0] * (self.k_max + 1)
@@ -335,22 +335,21 @@ class AutoPolicy(DraftPolicy):
         cold = self._cold[n].value
         return max(cold - self.switch_cost, 0.5 * cold)
 
-    def acceptances(self, optimistic: bool = False) -> list[float]:
+    def acceptances(self) -> list[float]:
         """Acceptance at each draft position 1..k_max (index 0 unused) given the earlier ones were accepted.
         Each is its counts shrunk toward the estimate before it (acceptance changes slowly along a draft; a
-        position never reached takes the one before it). `optimistic` adds an upper-confidence bonus that
-        shrinks as a position is tried, so rarely reached positions get tried; position 1 is judged at every
-        draft and gets none (it must not keep a useless draft alive)."""
+        position never reached takes the one before it). No bonus for rarely reached positions: with one
+        (0.2 / sqrt(tries)), drafts agreeing 60-80% of the time kept trying 12 tokens in the simulator and paid the
+        cold passes of each change (0.93 of the best fixed k on the H200 rows, 0.97 without)."""
         out, before = [0.0] * (self.k_max + 1), self._prior
         for j in range(1, self.k_max + 1):
             w0 = self._prior_weight if j == 1 else self._chain_weight
-            tried = self._tried[j] + w0
-            before = (self._acc[j] + w0 * before) / tried
-            out[j] = min(1.0, before + self._bonus / tried ** 0.5) if optimistic and j > 1 else before
+            before = (self._acc[j] + w0 * before) / (self._tried[j] + w0)
+            out[j] = before
         return out
 
-    def acceptance(self, position: int, optimistic: bool = False) -> float:
-        return self.acceptances(optimistic)[position]
+    def acceptance(self, position: int) -> float:
+        return self.acceptances()[position]
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
         """t_verify(n), seconds for one target pass over n tokens (see _verify_curve)."""
@@ -405,7 +404,7 @@ class AutoPolicy(DraftPolicy):
         t_draft = self.t_draft
         if t_draft is None:
             return
-        acceptance = self.acceptances(optimistic)
+        acceptance = self.acceptances()
         tokens = run = 1.0
         for k in range(1, k_max + 1):
             run *= acceptance[k]

@@ -83,8 +83,10 @@ class Load:
 
 
 def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
-             max_tokens: int = 64, seed: int = 0) -> RunResult:
-    """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them)."""
+             max_tokens: int = 64, seed: int = 0, run_on: float | None = None) -> RunResult:
+    """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
+    token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
+    `run_on` once the one before it was (greedy decoding, where agreement comes in runs)."""
     rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
     getattr(policy, "enable_shadow_probes", lambda: None)()   # as Pair.set_policy does
@@ -131,7 +133,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             verify = spend(machine.verify_at(k + 1, same))
             out.seconds += verify
             accepted = 0
-            while accepted < k and rng.random() < acceptance:
+            while accepted < k and rng.random() < (acceptance if run_on is None or not accepted else run_on):
                 accepted += 1
             policy.update(k, accepted, draft, verify)
             if n_out == 0:
