@@ -264,9 +264,11 @@ class AutoPolicy(DraftPolicy):
         self._shadow_costs: deque[float] = deque(maxlen=9)
         self._per_pass = False          # t_draft is per draft pass, not per drafted token (set_draft_cost)
         self._calibrated = False        # started from the costs measured at load (calibrate)
+        self._after_prompt = 0          # passes left that run cold because a prompt ran (new_request)
 
     def new_request(self) -> None:
         self._last_n = self._run = 0
+        self._after_prompt = 2   # the two passes after a prompt run cold with or without drafts: not charged
 
     def calibrate(self, costs: Costs) -> None:
         """Start from the costs measured at load: every batch size's warm pass, a drafted token and the cold
@@ -291,7 +293,7 @@ class AutoPolicy(DraftPolicy):
         self._shadows = True
 
     def shadow_len(self) -> int:
-        return 1 if self._shadow_now else 0
+        return 1 if self._shadow_now and self._run else 0   # not in a request's first step: its first token waits
 
     def shadow(self, accepted: float, seconds: float) -> None:
         self._shadow_now = False
@@ -486,6 +488,9 @@ class AutoPolicy(DraftPolicy):
                 excess = verify_seconds - timing.value
                 self._excess.append(excess)
             cold.add(verify_seconds, 1.0, self.decay)
+        if self._after_prompt:
+            self._after_prompt -= 1
+            excess = 0.0
         if drafted == 0:
             self._plain_step(verify_seconds, max(excess, 0.0))
         else:
