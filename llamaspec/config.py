@@ -90,7 +90,7 @@ class LoadConfig:
     draft_min: int | None = None
     draft_p_min: float | None = None
     drafter: str = "model"                   # one of DRAFTER_KINDS
-    warm_up: bool | None = None              # run each draft length once at load (None: where the target is on a GPU)
+    warm_up: bool | None = None              # run and time each draft length at load (None: where the target is on a GPU)
     verbose: bool = False
 
     def __post_init__(self):
@@ -99,6 +99,8 @@ class LoadConfig:
         for name in ("draft_max", "draft_min"):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), 0)
+        if self.warm_up is not None and not isinstance(self.warm_up, bool):
+            raise InvalidParameterError(f"warm_up must be true, false or None, got {self.warm_up!r}", param="warm_up")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "LoadConfig":

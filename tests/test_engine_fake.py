@@ -288,6 +288,14 @@ def test_shadow_probes_run_at_a_temperature_with_one_token_target_passes():
     assert len(policy.results) == 15 and all(0.0 <= a <= 1.0 for a, _ in policy.results)
 
 
+def test_warm_up_setting_is_true_false_or_none():
+    from llamaspec.config import LoadConfig
+
+    assert LoadConfig(warm_up=False).warm_up is False and LoadConfig().warm_up is None
+    with pytest.raises(InvalidParameterError, match="warm_up"):
+        LoadConfig.from_kwargs(warm_up="yes")
+
+
 def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text():
     policy = FixedPolicy(5)
     pair = fake_pair(0.0, policy)
