@@ -90,7 +90,7 @@ class LoadConfig:
     draft_min: int | None = None
     draft_p_min: float | None = None
     drafter: str = "model"                   # one of DRAFTER_KINDS
-    warm_up: bool | None = None              # run and time each draft length at load (None: where the target is on a GPU)
+    warm_up: bool | None = None              # run and time each draft length at load (None: on a GPU target)
     verbose: bool = False
 
     def __post_init__(self):

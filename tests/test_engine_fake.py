@@ -308,6 +308,7 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     assert len(pair.costs.excess) == 12                                              # two cold passes a size
     auto = make_policy("auto", k=5)
     pair.set_policy(auto)   # every policy taken from here on starts from them
-    assert auto.verify_time(6) == pytest.approx(pair.costs.verify[6]) and auto.t_draft == pytest.approx(pair.costs.draft)
+    assert auto.verify_time(6) == pytest.approx(pair.costs.verify[6])
+    assert auto.t_draft == pytest.approx(pair.costs.draft)
     pair.set_policy(policy)
     assert pair.generate(PROMPT, max_tokens=20).tokens == plain_pair().generate(PROMPT, max_tokens=20).tokens
