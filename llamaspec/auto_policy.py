@@ -51,31 +51,36 @@ class AutoPolicy(DraftPolicy):
 
     One object serves a pair for its lifetime (the server and chat keep theirs): the machine's costs do not change
     between requests, so what it measured stays. How it spends its steps:
-    1. The first is plain (a draft not yet prefilled would delay the first token); the second drafts `k_start`
-       tokens: a plain pass, a short verification and the draft's cost per token. Where the answer is not clear
-       (or the timings contradict each other) it takes two more plain passes before deciding.
+    1. The first is plain (a draft not yet prefilled would delay the first token). Where the pair measured its
+       costs at load (`calibrate`, from Pair.warm_up on a GPU) only acceptance is unknown: the second step is a
+       shadow probe (below). Otherwise the second drafts `k_start` tokens: a plain pass, a short verification and
+       the draft's cost per token; where the answer is not clear (or the timings contradict each other) it takes
+       two more plain passes before deciding.
     2. Perfect-draft bound: where even a draft that is always right could not beat plain decoding by `min_gain`,
        acceptance is beside the point: it stays plain (the draft is then never prefilled) and re-measures with a
        2-token draft every `recheck_every` steps.
     3. Otherwise it drafts the best k, with a plain pass now and then where the gain is not obviously large (every
        gain is judged against t_verify(1)). When plain wins it probes after `probe_every` plain steps, the
-       interval doubling up to `max_probe_interval` while probes fail: with a shadow probe where the engine runs
+       interval doubling while probes fail, up to `max_probe_interval` or where a probe costs half the loss budget
+       of the plain steps between probes (after one or two failures the next comes at once): with a shadow probe
+       where the engine runs
        them (one draft token judged against the token the target emits; the target's pass stays one token), else
        with a 1-token draft. A shadow probe that was accepted, with the costs not measured yet, is followed by the
        measuring draft of step 1.
     Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost
     against plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what
-    it gained, up to `credit_steps` plain passes. Optimistic estimates (longer drafts than the evidence supports)
-    need a positive credit; a probe needs credit for its cost, or waits until that cost is at most `loss_budget` of
-    the plain time since the last probe.
+    it gained, up to `credit_steps` plain passes. Optimistic estimates (a verify curve flatter than measured,
+    beyond the sizes measured) need a positive credit; a probe needs credit for its cost, or waits until that cost
+    is at most `loss_budget` of the plain time since the last probe.
     Changing the batch size costs on a GPU: llama.cpp replays a captured CUDA graph while a context's batch shape
     stays the same, so the first pass at a new size runs uncaptured and the second captures it again (on an H200,
     32B target: a 1-token probe made the two plain passes after it 3.5 and 4.8 ms slower than their 10.4 ms). So a
     step counts as warm only after two steps of its size in a row; costs are learnt from warm steps, and what a
     cold pass costs beyond its warm time (`switch_cost`) is learnt from the cold ones, charged to the credit, added
-    to a probe's price, and asked back by a change of k before it is made (`horizon` steps must repay it). A new
-    k is kept for three steps (its third runs warm) before the next decision, and a "no draft pays" drawn from
-    cold costs alone, where cold passes cost, is measured once more warm.
+    to a probe's price, and asked back by a change of k, or by leaving plain decoding, before it is made
+    (`horizon` steps must repay it). Without costs from load a new k is kept for three steps (its third runs warm)
+    before the next decision, and a "no draft pays" drawn from cold costs alone, where cold passes cost, is
+    measured once more warm.
     Timings are robust decayed averages (_Timing); acceptance counts decay too, so the policy follows changes within
     a request. A plain step is O(1); the search over k runs after drafted steps only.
     """
