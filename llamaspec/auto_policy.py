@@ -63,9 +63,8 @@ class AutoPolicy(DraftPolicy):
        gain is judged against t_verify(1)). When plain wins it probes after `probe_every` plain steps, the
        interval doubling while probes fail, up to `max_probe_interval` or where a probe costs half the loss budget
        of the plain steps between probes (after one or two failures the next comes at once): with a shadow probe
-       where the engine runs
-       them (one draft token judged against the token the target emits; the target's pass stays one token), else
-       with a 1-token draft. A shadow probe that was accepted, with the costs not measured yet, is followed by the
+       where the engine runs them (one draft token judged against the token the target emits; the target's pass
+       stays one token), else with a 1-token draft. A shadow probe that was accepted, with the costs not measured yet, is followed by the
        measuring draft of step 1.
     Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost
     against plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what

@@ -20,7 +20,7 @@ import numpy as np
 
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .policy import Costs, DraftPolicy, FixedPolicy, make_policy
+from .policy import Costs, DraftPolicy, FixedPolicy, _check_k, make_policy
 from .sampling import SamplerConfig, as_dist, filter_logits
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
@@ -95,6 +95,8 @@ class Pair:
         on starts from (DraftPolicy.calibrate). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
+        if k_max is not None:
+            _check_k("k_max", k_max, 1)
         policy, k_max = self.policy, min(k_max or getattr(self.policy, "k_max", 0) or 1, 16)
         prompt = self.tokenize("warm up")
         try:

@@ -294,6 +294,9 @@ def test_warm_up_setting_is_true_false_or_none():
     assert LoadConfig(warm_up=False).warm_up is False and LoadConfig().warm_up is None
     with pytest.raises(InvalidParameterError, match="warm_up"):
         LoadConfig.from_kwargs(warm_up="yes")
+    for bad in (0, "3", 2.5):
+        with pytest.raises(InvalidParameterError, match="k_max"):
+            fake_pair(0.0, FixedPolicy(2)).warm_up(bad)
 
 
 def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text():
