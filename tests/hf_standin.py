@@ -3,7 +3,9 @@
 It serves `HEAD`/`GET /{owner}/{repo}/resolve/{revision}/{filename}` the way hf_hub_download needs them: the
 commit in `X-Repo-Commit`, the file's sha256 as `ETag` (and `X-Linked-Etag`), `Content-Length`, and `Range:
 bytes=N-` answered with 206 (how a dropped download resumes). A missing repo or file is a 404 with `X-Error-Code:
-RepoNotFound` / `EntryNotFound`. Faults are scripted per file: `cut(...)` sends part of the body and drops the
+RepoNotFound` / `EntryNotFound`. `Range: bytes=N-M` is answered with those bytes (how a header is read
+without the file), and the body bytes sent per file are counted in `sent`. `GET /api/models/{owner}/{repo}/tree/
+{revision}` lists a repo's files as the hub's tree API does (what `-hf REPO:QUANT` picks from). Faults are scripted per file: `cut(...)` sends part of the body and drops the
 connection, `fail(...)` answers with an HTTP error status. Every request is recorded in `requests`.
 
 Point `HF_ENDPOINT` at `hub.url` (huggingface_hub reads it at import; llamaspec's registry passes it per call).
@@ -11,6 +13,7 @@ Point `HF_ENDPOINT` at `hub.url` (huggingface_hub reads it at import; llamaspec'
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import socket
 import threading
@@ -19,7 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 _ROUTE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<filename>.+)$")
-_RANGE = re.compile(r"^bytes=(\d+)-$")
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<revision>[^/?]+)(\?.*)?$")
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class HubStandin:
     def __init__(self, repos: dict[str, dict[str, bytes]]):
         self.repos = repos
         self.requests: list[Request] = []
+        self.sent: dict[str, int] = {}   # file name -> body bytes sent
         self._cuts: dict[tuple[str, str], list[int]] = {}
         self._failures: dict[tuple[str, str], list[int]] = {}
         self._lock = threading.Lock()
@@ -87,6 +92,9 @@ def _handler_for(hub: HubStandin):
 
         def _serve(self, send_body: bool) -> None:
             hub.requests.append(Request(self.command, self.path, self.headers.get("Range")))
+            tree = _TREE.match(self.path)
+            if tree is not None:
+                return self._tree(tree["repo"])
             match = _ROUTE.match(self.path)
             if match is None or match["repo"] not in hub.repos:
                 return self._error(404, "RepoNotFound", "Repository not found")
@@ -97,21 +105,24 @@ def _handler_for(hub: HubStandin):
             status = hub._next(hub._failures, key) if send_body else None
             if status is not None:
                 return self._error(status, None, "Injected failure")
-            start = self._range_start()
+            start, last = self._range(len(content))
             if start is not None and start >= len(content):
                 return self._error(416, None, "Range not satisfiable")
-            body = content[start or 0:]
-            self.send_response(206 if start else 200)
+            body = content[start or 0:last + 1]
+            self.send_response(206 if start is not None else 200)
             etag = f'"{hashlib.sha256(content).hexdigest()}"'
             self.send_header("X-Repo-Commit", COMMIT)
             self.send_header("ETag", etag)
             self.send_header("X-Linked-Etag", etag)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Accept-Ranges", "bytes")
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+            if start is not None:
+                self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(content)}")
             self.end_headers()
             if send_body:
+                name = match["filename"]
+                with hub._lock:
+                    hub.sent[name] = hub.sent.get(name, 0) + len(body)
                 self._send_body(body, hub._next(hub._cuts, key))
 
         def _send_body(self, body: bytes, cut_after: int | None) -> None:
@@ -123,9 +134,24 @@ def _handler_for(hub: HubStandin):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
 
-        def _range_start(self) -> int | None:
+        def _range(self, size: int) -> tuple[int | None, int]:
+            """(first byte or None without a Range header, last byte) asked for."""
             match = _RANGE.match(self.headers.get("Range", ""))
-            return int(match[1]) if match else None
+            if match is None:
+                return None, size - 1
+            return int(match[1]), min(int(match[2]), size - 1) if match[2] else size - 1
+
+        def _tree(self, repo: str) -> None:
+            if repo not in hub.repos:
+                return self._error(404, "RepoNotFound", "Repository not found")
+            entries = [{"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": name}
+                       for name, data in hub.repos[repo].items()]
+            body = json.dumps(entries).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def _error(self, status: int, code: str | None, message: str) -> None:
             body = f'{{"error": "{message}"}}'.encode()

@@ -7,7 +7,7 @@ import click
 
 from . import main
 from ..config import ModelConfig
-from .options import Command, fail, handle_errors, resolve_model_paths
+from .options import Command, fail, handle_errors, hf_options, hf_refs
 
 KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
 
@@ -87,10 +87,36 @@ def print_plan(plan, vram_source: str) -> None:
         click.echo(f"  fits with {sug.flags:<30} {gib(sug.gpu_bytes):>10} on the GPU  ({sug.note})")
 
 
+def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
+    """The two headers (draft None without one): local files are read, files on the hub are read in part."""
+    from ..gguf.reader import read_model_info
+    from ..hub.remote import read_header
+
+    if pair_name and (target or hf_repo or hf_repo_draft):
+        raise click.UsageError("give either --pair or the models (TARGET, -hf), not both")
+    if pair_name:
+        from ..hub.registry import get_pair
+
+        refs = get_pair(pair_name).models
+    elif hf_repo or hf_repo_draft:
+        target_ref, draft_ref, _ = hf_refs({"hf_repo": hf_repo, "hf_file": hf_file, "hf_repo_draft": hf_repo_draft,
+                                            "model": target, "model_draft": draft})
+        refs = (target_ref,) if draft_ref is None else (target_ref, draft_ref)
+    elif target:
+        return read_model_info(target), (read_model_info(draft) if draft else None)
+    else:
+        raise click.UsageError("no model: give TARGET [DRAFT], --pair NAME or -hf REPO[:QUANT]")
+    infos = [read_header(ref) for ref in refs]
+    return infos[0], (infos[1] if len(infos) > 1 else None)
+
+
 @main.command(cls=Command)
 @click.argument("target", required=False, type=click.Path(dir_okay=False))
 @click.argument("draft", required=False, type=click.Path(dir_okay=False))
 @click.option("--pair", "pair_name", help="A named pair from models.toml instead of TARGET DRAFT.")
+@hf_options()[0]
+@hf_options()[1]
+@hf_options()[2]
 @click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True)
 @click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default="f16", show_default=True)
@@ -102,22 +128,19 @@ def print_plan(plan, vram_source: str) -> None:
 @click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
               help="GPU memory in GiB [default: free memory nvidia-smi reports, else 24].")
-@click.option("--yes", "-y", "assume_yes", is_flag=True, help="Answer yes to download prompts (--pair).")
+@click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
-def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, flash_attn, n_gpu_layers,
-          draft_n_gpu_layers, main_gpu, vram, assume_yes):
-    """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers."""
+def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch, cache_type_k, cache_type_v,
+          flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, vram, assume_yes):
+    """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
+    the hub too: --pair and -hf read the headers with HTTP range requests, without downloading the files)."""
     from ..gguf.compat import compatibility_report
-    from ..gguf.reader import read_model_info
-    from ..gguf.memory import Settings, mtp_head_memory, plan_memory
+    from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
     from ..loading import rs_snapshots
     from ..policy import make_policy
 
-    target_path, draft_path, _ = resolve_model_paths({"model": target, "model_draft": draft, "pair_name": pair_name,
-                                                      "assume_yes": assume_yes})
-    target_info = read_model_info(target_path)
-    draft_info = read_model_info(draft_path) if draft_path else None
+    target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
     mtp = mtp_head_memory(target_info, Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k,
                                                 type_v=cache_type_v, flash_attn=flash_attn != "off"))
     settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
@@ -143,6 +166,11 @@ def check(target, draft, pair_name, n_ctx, n_batch, cache_type_k, cache_type_v, 
         spare = plan.vram_bytes - plan.gpu_bytes - mtp.kv_cache - mtp.compute
         click.echo(f"  drafting with the MTP head (--spec-type draft-mtp) adds {gib(mtp.kv_cache + mtp.compute)} "
                    "on the GPU: " + (f"fits, {gib(spare)} to spare" if spare >= 0 else f"{gib(-spare)} short"))
+    full = largest_full_context(target_info, draft_info, settings, plan.vram_bytes)
+    if full is None:
+        click.echo("  no context fits with both models fully on the GPU")
+    else:
+        click.echo(f"  largest context with both models fully on the GPU: {full} (-c {full})")
     if n_ctx > target_info.n_ctx_train > 0:
         click.echo(f"note: context {n_ctx} is beyond the target's trained context {target_info.n_ctx_train}")
     if report is not None and not report.compatible:

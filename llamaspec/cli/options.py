@@ -83,6 +83,7 @@ def pair_options(func):
         click.option("-md", "--model-draft", "model_draft", type=click.Path(dir_okay=False),
                      help="Draft GGUF file (same tokenizer as the target)."),
         click.option("--pair", "pair_name", help="A named pair from models.toml (see `llamaspec models list`)."),
+        *hf_options(),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone."),
         click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=_MODEL.n_gpu_layers, show_default=True,
                      help="Target layers on the GPU (-1 = all)."),
@@ -138,6 +139,19 @@ def pair_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def hf_options() -> list:
+    """-hf / -hff / -hfd: models from a Hugging Face repo, as llama.cpp names them."""
+    return [
+        click.option("-hf", "-hfr", "--hf-repo", "hf_repo", metavar="REPO[:QUANT]",
+                     help="Target from a Hugging Face repo, e.g. ggml-org/Qwen3.6-27B-GGUF:Q4_K_M [QUANT default: "
+                          "Q4_K_M, then Q8_0, then the first model file]."),
+        click.option("-hff", "--hf-file", "hf_file", metavar="FILE", help="The target's file in the -hf repo."),
+        click.option("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", "hf_repo_draft", metavar="REPO[:QUANT]",
+                     help="Draft from a Hugging Face repo: its mtp-/dflash-/eagle3- sidecar when it ships one (and "
+                          "the drafter with it), else its model file; -md FILE picks the file."),
+    ]
 
 
 # llama.cpp's --spec-type names -> llamaspec's drafter kinds (a comma-separated pair: lookup first, as llama.cpp
@@ -219,6 +233,8 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     defaults: dict = {}
     target, draft = opts.get("model"), opts.get("model_draft")
     pair_name = opts.get("pair_name")
+    if opts.get("hf_repo") or opts.get("hf_repo_draft"):
+        return resolve_hf_paths(opts)
     if pair_name and target:
         raise click.UsageError("give either --pair or -m/--model, not both")
     if draft and not target and not pair_name:
@@ -243,6 +259,41 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     elif drafter in MTP_DRAFTERS and not opts.get("model_draft"):
         draft = None          # the target's head drafts: a --pair entry's draft model is not loaded
     return str(target), (str(draft) if draft else None), defaults
+
+
+def hf_refs(opts: dict):
+    """(target ModelRef, draft ModelRef or None, drafter kind or None) of -hf / -hfd; -m and -md are then local
+    files or, with -hfd, the draft repo's file."""
+    from ..hub.hf_repo import resolve_hf
+    from ..hub.registry import ModelRef
+
+    if opts.get("pair_name"):
+        raise click.UsageError("give either --pair or -hf/-hfd, not both")
+    if opts.get("hf_repo") and opts.get("model"):
+        raise click.UsageError("give either -m or -hf for the target, not both")
+    if not opts.get("hf_repo") and not opts.get("model"):
+        raise click.UsageError("-hfd/--spec-draft-hf needs a target: add -hf REPO or -m TARGET.gguf")
+    drafter, _ = chosen_drafter(opts)
+    draft_file = opts.get("model_draft") if opts.get("hf_repo_draft") else None
+    target, draft, kind = resolve_hf(opts.get("hf_repo"), opts.get("hf_repo_draft"), drafter,
+                                     target_file=opts.get("hf_file"), draft_file=draft_file)
+    if target is None:
+        target = ModelRef(path=str(opts["model"]))
+    if draft is None and opts.get("model_draft") and not opts.get("hf_repo_draft"):
+        draft = ModelRef(path=str(opts["model_draft"]))
+    return target, draft, kind
+
+
+def resolve_hf_paths(opts: dict) -> tuple[str, str | None, dict]:
+    """-hf / -hfd as local paths, downloading into the Hugging Face cache (after asking, on a terminal)."""
+    from ..hub.hf_repo import fetch_refs
+
+    target, draft, kind = hf_refs(opts)
+    if opts.get("no_draft") or chosen_drafter(opts)[1]:
+        draft, kind = None, None
+    target_path, draft_path = fetch_refs([target, draft], opts.get("assume_yes", False), confirm_on_terminal())
+    defaults = {"drafter": kind} if kind and not chosen_drafter(opts)[0] else {}
+    return str(target_path), (str(draft_path) if draft_path else None), defaults
 
 
 def confirm_on_terminal():

@@ -294,3 +294,17 @@ def plan_memory(target: ModelInfo, draft: ModelInfo | None, settings: Settings, 
     if not plan.fits:
         plan = replace(plan, suggestions=tuple(suggest(target, draft, settings, vram_bytes)))
     return plan
+
+
+def largest_full_context(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram_bytes: int,
+                         step: int = 256) -> int | None:
+    """The largest context (a multiple of `step`, at most the target's trained context, or 2**20 without one) with
+    both models fully on the GPU, or None when not even `step` tokens fit."""
+    def fits(n_ctx: int) -> bool:
+        return _gpu_need(target, draft, replace(settings, n_ctx=n_ctx), -1, -1) <= vram_bytes
+
+    lo, hi = 0, max(target.n_ctx_train, step) // step if target.n_ctx_train > 0 else 2**20 // step
+    while lo < hi:   # the need grows with the context: the largest multiple that fits, by bisection
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid * step) else (lo, mid - 1)
+    return lo * step if lo else None

@@ -176,15 +176,30 @@ def _first_int(value) -> int:
     return int(value)
 
 
+class HeaderIncomplete(ModelFileError):
+    """The buffer is a prefix of the file and the header goes on past it: read up to byte `needed` (at least)."""
+
+    def __init__(self, message: str, needed: int):
+        super().__init__(message)
+        self.needed = needed
+
+
 class _Cursor:
-    """Little-endian reads from a memory map; running off the end means the file is truncated. Counts are
+    """Little-endian reads from a memory map (or a prefix of the file of `size` bytes); running off the end of the
+    file means it is truncated, off the end of a prefix that more of it is needed (HeaderIncomplete). Counts are
     checked against the bytes left before anything is allocated or looped over."""
 
-    def __init__(self, buf, path: Path, keep_all: bool = False):
+    def __init__(self, buf, path: Path, keep_all: bool = False, size: int | None = None):
         self.buf, self.pos, self.path, self.keep_all = buf, 0, path, keep_all
+        self.size = len(buf) if size is None else size
         self.elem_types: dict[str, GGUFValueType] = {}  # array key -> element type
 
+    def _past_prefix(self, end: int) -> None:
+        if len(self.buf) < end <= self.size:
+            raise HeaderIncomplete(f"{self.path}: the header goes on past byte {len(self.buf)}", end)
+
     def need(self, n: int) -> None:
+        self._past_prefix(self.pos + n)
         if self.pos + n > len(self.buf):
             raise ModelFileError(
                 f"{self.path}: truncated GGUF file (header ends at byte {len(self.buf)}, "
@@ -196,6 +211,7 @@ class _Cursor:
 
     def count(self, n: int, min_item_bytes: int, what: str) -> int:
         """An element count that the rest of the file can hold (a cut-off download looks the same as a lie)."""
+        self._past_prefix(self.pos + n * min_item_bytes)
         left = len(self.buf) - self.pos
         if n * min_item_bytes > left:
             raise ModelFileError(f"{self.path}: truncated or corrupt GGUF file ({what} is {n:,}, more than the "
@@ -311,12 +327,23 @@ def read_model_info(path: str | os.PathLike, keep_all: bool = False) -> ModelInf
         raise ModelFileError(f"{path}: corrupt GGUF header ({type(e).__name__}: {e})") from None
 
 
+def parse_header(prefix: bytes, path: Path, file_size: int) -> ModelInfo:
+    """The header from the first bytes of a file of `file_size` bytes (e.g. read over HTTP); HeaderIncomplete says
+    how far to read when the header goes on past `prefix`."""
+    if len(prefix) < 24 <= file_size:
+        raise HeaderIncomplete(f"{path}: the header goes on past byte {len(prefix)}", 24)
+    try:
+        return _parse(prefix, path, file_size, keep_all=False)
+    except (ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError, struct.error) as e:
+        raise ModelFileError(f"{path}: corrupt GGUF header ({type(e).__name__}: {e})") from None
+
+
 def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
     """gguf.cpp's own checks (it refuses such files cleanly; this reader would crash or mislead), then the
     hyperparameter limits llama.cpp asserts on (`limits.header_problem`)."""
     if mm[:4] != GGUF_MAGIC:
         raise ModelFileError(f"{path}: not a GGUF file (starts with {bytes(mm[:4])!r}, expected b'GGUF')")
-    cur = _Cursor(mm, path, keep_all)
+    cur = _Cursor(mm, path, keep_all, size=file_size)
     cur.pos = 4
     version = cur.scalar("<I")
     if version not in (2, 3):
