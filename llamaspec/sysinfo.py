@@ -64,6 +64,22 @@ def has_nvidia_smi() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def nvidia_gpu_signs(dev: Path = Path("/dev")) -> list[str]:
+    """What says this machine has an NVIDIA GPU, without asking llama.cpp: nvidia-smi on PATH, /dev/nvidia*
+    device nodes (Linux driver), /dev/dxg (WSL2's GPU paravirtualization, present when Windows has a GPU driver)."""
+    signs = []
+    if shutil.which("nvidia-smi") is not None:
+        signs.append("nvidia-smi")
+    try:
+        if any(p.name[len("nvidia"):].isdigit() for p in dev.glob("nvidia*")):
+            signs.append(f"{dev}/nvidia*")
+    except OSError:
+        pass
+    if (dev / "dxg").exists():
+        signs.append(f"{dev}/dxg (WSL2)")
+    return signs
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():

@@ -27,6 +27,29 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
+class GpuLayers(click.ParamType):
+    """-ngl N, or llama.cpp's `all` / `auto` (both: every layer, -1)."""
+
+    name = "N|all|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in ("all", "auto"):
+            return -1
+        try:
+            layers = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of layers, all or auto", param, ctx)
+        if layers < -1:
+            self.fail(f"{layers} layers: give -1 (all) or more", param, ctx)
+        return layers
+
+
+GPU_LAYERS = GpuLayers()
+
+
 class OneLineUsageError(click.UsageError):
     """A usage error shown as one line (click's default adds the usage text around it)."""
 
@@ -35,16 +58,60 @@ class OneLineUsageError(click.UsageError):
         click.echo(f"error: {self.format_message()}{hint}", err=True)
 
 
+# --help sections: option (parameter) name -> section; the rest are listed under "Options"
+HELP_SECTIONS = {
+    "Model": ("model", "model_draft", "pair_name", "hf_repo", "hf_file", "hf_repo_draft", "no_draft", "assume_yes"),
+    "Drafting": ("policy", "draft_max", "draft_min", "draft_p_min", "drafter", "drafter_kind", "spec_type"),
+    "Sampling": ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "samplers", "reasoning"),
+    "Placement": ("n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads", "draft_n_threads",
+                  "flash_attn", "cache_type_k", "cache_type_v", "main_gpu", "draft_main_gpu", "split_mode",
+                  "tensor_split", "rpc_servers", "devices", "draft_device", "no_repack"),
+    "Server": ("host", "port", "api_key", "admin_key", "model_id", "max_queue", "max_body_bytes", "shutdown_timeout",
+               "read_timeout", "allowed_hosts", "cors_origins", "access_log"),
+}
+_SECTION_OF = {name: section for section, names in HELP_SECTIONS.items() for name in names}
+
+
 class Command(click.Command):
-    """A command whose bad flags and values are reported in one line: `@main.command(cls=Command)`."""
+    """A command whose bad flags and values are reported in one line (`@main.command(cls=Command)`), whose
+    --help lists its options in sections (model, drafting, sampling, placement, server), and which does not read
+    `-sys` as `-s ys`."""
 
     def parse_args(self, ctx, args):
         try:
+            self._refuse_glued_short_options(ctx, args)
             return super().parse_args(ctx, args)
         except OneLineUsageError:
             raise
         except click.UsageError as e:
             raise OneLineUsageError(e.format_message(), ctx) from None
+
+    def _refuse_glued_short_options(self, ctx, args) -> None:
+        """click reads an unknown `-sys` as `-s` with the value `ys`; llama.cpp users mean an option `-sys`. A
+        single-dash word that is no option of this command, and whose tail after a short option is letters, is
+        an unknown option here (`-s42` still works)."""
+        params = [p for p in self.get_params(ctx) if isinstance(p, click.Option)]
+        names = {name for p in params for name in (*p.opts, *p.secondary_opts)}
+        takes_value = {name for p in params if not p.is_flag and not p.count for name in p.opts}
+        previous = None
+        for arg in args:
+            if arg == "--":
+                return
+            if (previous not in takes_value and arg.startswith("-") and not arg.startswith("--") and len(arg) > 2
+                    and arg not in names and arg[:2] in names and arg[2:].isalpha()):
+                raise click.NoSuchOption(arg, ctx=ctx)
+            previous = arg
+
+    def format_options(self, ctx, formatter) -> None:
+        sections: dict[str, list] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(_SECTION_OF.get(param.name, "Options"), []).append(record)
+        for title in (*HELP_SECTIONS, "Options"):
+            if title in sections:
+                with formatter.section(title):
+                    formatter.write_dl(sections[title])
 
 
 def handle_errors(func):
@@ -80,30 +147,33 @@ def pair_options(func):
     """-m/-md (or --pair) and the loading and drafting options, as llama.cpp users type them."""
     options = [
         click.option("-m", "--model", "model", type=click.Path(dir_okay=False), help="Target GGUF file."),
-        click.option("-md", "--model-draft", "model_draft", type=click.Path(dir_okay=False),
-                     help="Draft GGUF file (same tokenizer as the target)."),
+        click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", type=click.Path(dir_okay=False),
+                     help="Draft GGUF file (same tokenizer as the target), or a sidecar head (mtp-..., with "
+                          "--spec-type draft-mtp)."),
         click.option("--pair", "pair_name", help="A named pair from models.toml (see `llamaspec models list`)."),
         *hf_options(),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone."),
-        click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=_MODEL.n_gpu_layers, show_default=True,
-                     help="Target layers on the GPU (-1 = all)."),
-        click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None,
-                     help="Draft layers on the GPU (default: as -ngl)."),
+        click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", type=GPU_LAYERS,
+                     default=_MODEL.n_gpu_layers, show_default=True,
+                     help="Target layers on the GPU (-1, all or auto = all)."),
+        click.option("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=GPU_LAYERS,
+                     default=None, help="Draft layers on the GPU (default: as -ngl)."),
         click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
                      help=f"Context size in tokens [default: {DEFAULT_N_CTX}, or the --pair entry's]."),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=_MODEL.n_batch,
-                     show_default=True),
+                     show_default=True, help="Tokens per prompt-processing batch."),
         click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
                      help="CPU threads (default: physical cores)."),
-        click.option("-td", "--threads-draft", "draft_n_threads", type=click.IntRange(min=1), default=None),
+        click.option("-td", "--threads-draft", "draft_n_threads", type=click.IntRange(min=1), default=None,
+                     help="CPU threads of the draft (default: as -t)."),
         click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(FLASH_ATTN_MODES),
-                     default=_MODEL.flash_attn, show_default=True),
+                     default=_MODEL.flash_attn, show_default=True, help="Flash attention."),
         click.option("-ctk", "--cache-type-k", "cache_type_k", default=_MODEL.cache_type_k, show_default=True,
-                     type=click.Choice(CACHE_TYPES)),
+                     type=click.Choice(CACHE_TYPES), help="KV cache type of the keys (q8_0 halves it)."),
         click.option("-ctv", "--cache-type-v", "cache_type_v", default=_MODEL.cache_type_v, show_default=True,
-                     type=click.Choice(CACHE_TYPES)),
+                     type=click.Choice(CACHE_TYPES), help="KV cache type of the values."),
         click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=_MODEL.main_gpu,
-                     show_default=True),
+                     show_default=True, help="The GPU that holds the target's output (and the draft)."),
         click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=click.IntRange(min=0), default=None,
                      help="Put the draft on this GPU."),
         click.option("-sm", "--split-mode", "split_mode", type=click.Choice(SPLIT_MODES),
@@ -119,10 +189,11 @@ def pair_options(func):
         click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
         click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
                      help=f"Draft-length policy [default: {_LOAD.policy}, or the --pair entry's]."),
-        click.option("--draft-max", "--draft", "draft_max", type=click.IntRange(min=0), default=None,
-                     help="Draft length (fixed) or its maximum (other policies)."),
-        click.option("--draft-min", "draft_min", type=click.IntRange(min=0), default=None),
-        click.option("--draft-p-min", "draft_p_min", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+        click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", type=click.IntRange(min=0),
+                     default=None, help="Draft length (fixed) or its maximum (other policies)."),
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(min=0), default=None,
+                     help="Shortest draft worth verifying (shorter ones are dropped)."),
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
                      help="Stop drafting when the draft's top probability falls below this."),
         click.option("--lookup", "drafter", flag_value="lookup+model", default=None,
                      help="Prompt lookup first, then the draft model."),
@@ -205,15 +276,20 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
     if func is None:
         return functools.partial(sampler_options, max_tokens=max_tokens)
     options = [
-        click.option("-n", "--max-tokens", "-n-predict", "max_tokens", type=click.IntRange(min=1), default=max_tokens,
-                     show_default=max_tokens is not None,
-                     help=None if max_tokens is not None else "Tokens per reply [default: until the context fills]."),
-        click.option("--temp", "temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-                     help="0 = greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True),
-        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True),
-        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True),
-        click.option("-s", "--seed", type=click.IntRange(min=0), default=None),
+        click.option("-n", "--n-predict", "--predict", "--max-tokens", "-n-predict", "max_tokens",
+                     type=click.IntRange(min=1), default=max_tokens, show_default=max_tokens is not None,
+                     help="Tokens to generate" + (" [default: until the context fills]." if max_tokens is None
+                                                  else ".")),
+        click.option("--temp", "--temperature", "temperature", type=click.FloatRange(min=0.0), default=0.0,
+                     show_default=True, help="Sampling temperature; 0 = greedy."),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Keep the k most likely tokens (0 = all)."),
+        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+                     help="Keep the most likely tokens up to this total probability."),
+        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     help="Drop tokens less likely than this times the most likely one."),
+        click.option("-s", "--seed", type=click.IntRange(min=0), default=None,
+                     help="Random seed (sampling is reproducible with one)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -225,6 +301,17 @@ def sampler_kwargs(opts: dict) -> dict:
 
 
 DEFAULT_PAIR = "default"
+
+
+def default_pair_for_this_machine() -> str:
+    """The models.toml pair offered when no model is given, from the free memory of the largest NVIDIA GPU (when
+    this llama.cpp build can use it)."""
+    from .. import sysinfo
+    from ..backend import supports_gpu_offload
+    from ..hub.registry import default_pair_name
+
+    gpus = sysinfo.nvidia_gpus() if supports_gpu_offload() else []
+    return default_pair_name(max((g.free_mib / 1024 for g in gpus), default=None))
 
 
 def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str, str | None, dict]:
@@ -240,7 +327,7 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     if draft and not target and not pair_name:
         raise click.UsageError("-md/--model-draft needs a target: add -m TARGET.gguf")
     if not target and not pair_name and use_default_pair:
-        pair_name = DEFAULT_PAIR
+        pair_name = default_pair_for_this_machine()
     if pair_name:
         try:
             from ..hub.registry import resolve_pair
@@ -309,8 +396,12 @@ def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_
     from .. import sysinfo
     from ..backend import supports_gpu_offload
 
-    asked_gpu = n_gpu_layers > 0 or (draft_n_gpu_layers or 0) > 0
-    if asked_gpu and not supports_gpu_offload():
+    asked_gpu = n_gpu_layers != 0 or (draft_n_gpu_layers or 0) != 0
+    signs = sysinfo.nvidia_gpu_signs() if asked_gpu and not supports_gpu_offload() else []
+    if signs:
+        warn(f"this machine has an NVIDIA GPU ({', '.join(signs)}) but this llama-cpp-python build is CPU-only: "
+             f"everything runs on the CPU. Install a CUDA build: {sysinfo.CUDA_REINSTALL}")
+    elif n_gpu_layers > 0 and not supports_gpu_offload():
         warn("this llama-cpp-python build cannot use a GPU; running on the CPU "
              "(`llamaspec doctor` shows how to install a CUDA build)")
     for path in (target, draft):

@@ -43,30 +43,46 @@ def chat_tokens(pair, messages: list[dict]) -> list[int]:
     return pair.tokenize(rendered, add_special=template.add_special_for(rendered))
 
 
+def use_chat_template(pair, raw: bool, use_chat: bool) -> bool:
+    """An instruct model (a chat template in the target GGUF) answers the prompt as a user message, as llama-cli
+    and ollama run do; --raw continues the text instead; --chat insists on the template."""
+    if raw and use_chat:
+        raise click.UsageError("give either --raw or --chat/--system, not both")
+    return not raw and (use_chat or bool(pair.target.info.chat_template))
+
+
 @main.command(cls=Command)
 @click.argument("prompt", required=False)
+@click.option("-p", "--prompt", "prompt_option", default=None, help="The prompt (as PROMPT).")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False, allow_dash=True),
               help="Read the prompt from FILE (- = stdin).")
-@click.option("--chat", "use_chat", is_flag=True, help="Apply the target's chat template (PROMPT is the user message).")
-@click.option("--system", default=None, help="System prompt (implies --chat).")
+@click.option("--raw", is_flag=True, help="Continue PROMPT as plain text, without the chat template.")
+@click.option("--chat", "use_chat", is_flag=True,
+              help="Apply the chat template (the default where the target has one).")
+@click.option("-sys", "--system", "--system-prompt", "system", default=None, help="System prompt (implies --chat).")
 @click.option("--stop", multiple=True, help="Stop at this string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the text and the statistics as JSON.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a statistics line on stderr.")
 @pair_options
 @sampler_options
 @handle_errors
-def run(prompt, prompt_file, use_chat, system, stop, as_json, show_stats, **opts):
-    """Generate once from PROMPT (or -f FILE, or - for stdin) and print the text.
+def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json, show_stats, **opts):
+    """Answer PROMPT (or -p PROMPT, -f FILE, - for stdin) and print the text: with the target's chat template
+    when it has one (an instruct model), --raw for plain completion.
 
     Text is UTF-8: a prompt, system prompt or stop string with a byte that is not UTF-8 is an error naming the
     byte and its offset (convert such input first, e.g. with iconv).
     """
-    text = read_prompt(prompt, prompt_file)
+    if prompt is not None and prompt_option is not None:
+        raise click.UsageError("give the prompt once: PROMPT or -p PROMPT")
+    text = read_prompt(prompt if prompt is not None else prompt_option, prompt_file)
     system = utf8_argument(system, "--system")
     stop = [utf8_argument(s, "--stop") for s in stop]
+    if raw and (use_chat or system is not None):   # before a model loads
+        use_chat_template(None, raw, True)
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
-        if use_chat or system is not None:
+        if use_chat_template(pair, raw, use_chat or system is not None):
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             source = chat_tokens(pair, messages)
         else:

@@ -48,6 +48,7 @@ _PAIR_FIELDS = {
     "policy": ((str,), "a string"),
     "drafter": ((str,), "a string"),
     "verified": ((bool,), "true or false"),
+    "default_for_vram": ((bool,), "true or false"),
 }
 _MODEL_FIELDS = {
     "repo": ((str,), "a string"),
@@ -116,6 +117,7 @@ class PairEntry:
     policy: str = "auto"
     drafter: str | None = None   # one of DRAFTER_KINDS; None: load_pair's default (a draft model)
     verified: bool = False
+    default_for_vram: bool = False   # offered when no model is given, on a GPU with about vram_gb free
     source: str = ""  # the models.toml that defined the entry (or last changed it)
 
     @property
@@ -176,6 +178,20 @@ def get_pair(name: str) -> PairEntry:
     close = difflib.get_close_matches(name, list(pairs), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise RegistryError(f"unknown pair {name!r}{hint} (`llamaspec models list` shows them all)")
+
+
+# a GPU "has" vram_gb when this share of it is free (a 24 GB card driving a desktop keeps ~22.5 GiB free)
+VRAM_FREE_SHARE = 0.9
+
+
+def default_pair_name(free_vram_gib: float | None) -> str:
+    """The pair offered when no model is given: the `default_for_vram` pair of the largest vram_gb that the free
+    GPU memory holds (at least VRAM_FREE_SHARE of it), else `default` (no GPU, or one too small)."""
+    if not free_vram_gib:
+        return DEFAULT_PAIR
+    fitting = [e for e in load_registry().values()
+               if e.default_for_vram and e.vram_gb * VRAM_FREE_SHARE <= free_vram_gib]
+    return max(fitting, key=lambda e: e.vram_gb).name if fitting else DEFAULT_PAIR
 
 
 def _read_toml(path: Path) -> tuple[str, dict]:
