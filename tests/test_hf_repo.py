@@ -79,8 +79,10 @@ def test_sidecar_in_a_deeper_folder_than_the_model_is_not_its_sidecar():
 def test_draft_repo_with_an_mtp_sidecar_drafts_with_it_and_selects_mtp():
     listing = {GGML: files(*GGML_FILES), "z-lab/D": files("dflash-D-Q4_K_M.gguf", "eagle3-D-Q8_0.gguf")}
     with _listing(listing):
-        target, draft, kind = resolve_hf(f"{GGML}:Q4_K_M", GGML)
+        target, draft, kind = resolve_hf(f"{GGML}:Q4_K_M", f"{GGML}:Q8_0")
         assert (target.file, draft.file, kind) == ("Qwen3.8-27B-Q4_K_M.gguf", "mtp-Qwen3.8-27B-Q8_0.gguf", "mtp")
+        # no tag: the draft repo's default model is Q4_K_M, so its 4-bit head
+        assert resolve_hf(GGML, GGML)[1].file == "mtp-Qwen3.8-27B-Q4_0.gguf"
         # dflash outranks eagle3 when nothing is asked for; an asked kind picks its own sidecar
         assert resolve_hf(GGML, "z-lab/D")[1:] == (resolve_hf(GGML, "z-lab/D")[1], "dflash")
         assert resolve_hf(GGML, "z-lab/D", drafter="eagle3")[1].file == "eagle3-D-Q8_0.gguf"

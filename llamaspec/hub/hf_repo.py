@@ -108,10 +108,11 @@ def best_sibling(files: list[RepoFile], model: str, keyword: str, tag: str = "")
 def list_gguf_files(repo: str, revision: str | None = None) -> list[RepoFile]:
     """The repo's .gguf files: from the hub, or (offline, or when the hub cannot be reached) from the local cache."""
     if not hub_offline():
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi, constants
 
         from .registry import ModelRef
 
+        constants.HF_HUB_OFFLINE = False   # read once at import by huggingface_hub: follow the environment now
         with _hub_errors(ModelRef(repo=repo, file="(file list)", revision=revision)):
             tree = HfApi(endpoint=hub_endpoint()).list_repo_tree(repo, revision=revision, recursive=True)
             return [RepoFile(item.path, getattr(item, "size", None)) for item in tree
@@ -144,7 +145,7 @@ def choose(spec: str, sidecars: tuple[str, ...] = (), file: str | None = None,
         if sibling is not None:
             found[kind] = ModelRef(repo=repo, file=sibling.path, size_gb=_gb(sibling.size))
     if model is None and not found:
-        want = f"a {tag} model file" if tag else "a GGUF model file"
+        want = f"{tag} model file" if tag else "GGUF model file"
         raise RegistryError(f"{repo} has no {want}{_listing(files)}")
     if model is not None and split_info(model.path)[3] > 1:
         raise RegistryError(f"{repo}: {model.path} is one part of a split GGUF; llamaspec reads single-file GGUFs, "
