@@ -148,6 +148,19 @@ class Pair:
         tokens = [p.token for p in pieces if p.token is not None]
         return Completion("".join(p.text for p in pieces), tokens, stats.finish_reason, stats)
 
+    def chat(self, messages: list[dict], reasoning: str | None = None, **kwargs):
+        """Reply to a conversation (rendered with the target's chat template): a ChatReply with `content`,
+        `reasoning` (a thinking model's <think> part), `finish_reason` and `stats`. See llamaspec.conversation."""
+        from .conversation import chat
+
+        return chat(self, messages, reasoning, **kwargs)
+
+    def chat_stream(self, messages: list[dict], reasoning: str | None = None, **kwargs):
+        """The reply to a conversation as Parts (`kind` "reasoning" or "content", `text`)."""
+        from .conversation import chat_stream
+
+        return chat_stream(self, messages, reasoning, **kwargs)
+
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] | str | None = None, add_special: bool = True) -> Iterator[Piece]:

@@ -52,6 +52,8 @@ class ThinkSplitter:
             # one thinking block, at the start of the reply: <think> only before any content, then </think>
             tag = CLOSE if self.inside else (OPEN if not (self.seen_open or self.started) else None)
             at = self.pending.find(tag) if tag else -1
+            if tag == OPEN and at > 0 and self.pending[:at].strip():
+                tag, at = None, -1   # text came first: this reply does not think, its tags are text
             if at >= 0:
                 self._emit(parts, self.pending[:at])
                 self.pending = self.pending[at + len(tag):]

@@ -88,11 +88,16 @@ def test_run_reads_the_same_prompt_from_argument_file_and_stdin(tiny_models, tmp
     assert len(texts) == 1
 
 
-def test_run_chat_flag_wraps_the_prompt_in_the_template(tiny_models):
+def test_run_answers_with_the_chat_template_and_raw_continues_the_text(tiny_models):
     base = ["run", *pair_args(tiny_models), "Hi", "-n", "2", "--json"]
-    raw = json.loads(invoke(base).stdout)["stats"]["prompt_tokens"]
-    templated = json.loads(invoke([*base, "--chat", "--system", "Be brief."]).stdout)["stats"]["prompt_tokens"]
-    assert templated > raw + 10  # <|im_start|>system ... <|im_start|>assistant
+    raw = json.loads(invoke([*base, "--raw"]).stdout)["stats"]["prompt_tokens"]
+    default = json.loads(invoke(base).stdout)["stats"]["prompt_tokens"]
+    templated = json.loads(invoke([*base, "-sys", "Be brief."]).stdout)["stats"]["prompt_tokens"]
+    assert default > raw + 3   # <|im_start|>user ... <|im_start|>assistant: the instruct model is answered
+    assert templated > default + 3   # and a system message, given as llama.cpp's -sys (not -s ys)
+    assert json.loads(invoke(["run", *pair_args(tiny_models), "-p", "Hi", "-n", "2", "--json"]).stdout)[
+        "stats"]["prompt_tokens"] == default
+    assert_one_line_error(invoke([*base, "--raw", "--chat"]), "--raw", code=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

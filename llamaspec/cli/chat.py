@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, handle_errors, load_pair_from_options, not_utf8, pair_options, sampler_kwargs,
-                      sampler_options, utf8_argument)
+from .options import (Command, handle_errors, load_pair_from_options, not_utf8, pair_options, reasoning_option,
+                      sampler_kwargs, sampler_options, utf8_argument)
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -73,7 +73,7 @@ def read_message() -> str:
 class ChatSession:
     """The conversation, the sampler settings, and the slash commands that change them."""
 
-    def __init__(self, pair, system: str | None, sampler: dict, policy_settings: dict):
+    def __init__(self, pair, system: str | None, sampler: dict, policy_settings: dict, reasoning: str = "auto"):
         from ..chat_template import ChatTemplate
 
         self.pair = pair
@@ -83,13 +83,18 @@ class ChatSession:
         self.sampler = sampler
         self.policy_settings = policy_settings
         self.last_stats = None
+        self.reasoning = reasoning
+        self.opens_thinking = False
 
     # -- a turn ---------------------------------------------------------------------------------------------
     def conversation(self) -> list[dict]:
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
 
     def prompt_tokens(self) -> list[int]:
-        rendered = self.template.render(self.conversation())
+        from ..reasoning import opens_thinking, template_kwargs
+
+        rendered = self.template.render(self.conversation(), **template_kwargs(self.reasoning))
+        self.opens_thinking = opens_thinking(rendered)
         return self.pair.tokenize(rendered, add_special=self.template.add_special_for(rendered))
 
     def reply(self, text: str) -> None:
@@ -108,12 +113,15 @@ class ChatSession:
                 click.echo(dim("the conversation no longer fits in the context: /reset starts a new one "
                                "(or restart with a larger -c)"))
             return
+        from ..reasoning import ThinkSplitter
+
         parts: list[str] = []
         interrupted = failed = False
+        splitter = ThinkSplitter(self.opens_thinking)
         try:
             for piece in pieces:
-                parts.append(piece.text)
-                click.echo(piece.text, nl=False)
+                self._show(splitter.feed(piece.text), parts)
+            self._show(splitter.flush(), parts)
         except KeyboardInterrupt:
             interrupted = True
             pieces.close()
@@ -135,6 +143,22 @@ class ChatSession:
         if stats is not None:
             draft_len = self.pair.policy.next_draft_len() if self.pair.speculative else None
             click.echo(dim(stats_line(stats, draft_len)))
+            why = plain_reason(self.pair, stats)
+            if why:
+                click.echo(dim(f"[{why}]"))
+
+    def _show(self, reply_parts, content: list[str]) -> None:
+        """The thinking dimmed and set apart, the answer as it is (only the answer goes into the history)."""
+        for part in reply_parts:
+            if part.kind == "reasoning":
+                click.echo(dim(part.text), nl=False)
+                self._thinking = True
+                continue
+            if getattr(self, "_thinking", False):
+                click.echo(dim("\n[end of thinking]"))
+                self._thinking = False
+            content.append(part.text)
+            click.echo(part.text, nl=False)
 
     # -- slash commands -------------------------------------------------------------------------------------
     def command(self, line: str) -> bool:
@@ -259,18 +283,31 @@ def _enable_line_editing() -> None:
         pass
 
 
+def plain_reason(pair, stats) -> str | None:
+    """Why the `auto` policy decoded a whole reply plainly, or None when it drafted (or is not `auto`)."""
+    policy = pair.policy if pair.speculative else None
+    if policy is None or policy.name != "auto" or stats.drafted or stats.tokens_generated < 8:
+        return None
+    bound = policy.perfect_draft_gain() if hasattr(policy, "perfect_draft_gain") else None
+    if bound is not None and bound < getattr(policy, "min_gain", 1.0):
+        return (f"auto decoded plainly: on this machine even a draft that is always right would be only {bound:.2f}x "
+                "plain decoding (verifying several tokens costs about as much as decoding them one by one)")
+    return "auto decoded plainly: the draft's tokens were not accepted often enough to pay for drafting"
+
+
 @main.command(cls=Command)
-@click.option("--system", "-sys", "system", default=None, help="System prompt.")
+@click.option("--system", "-sys", "--system-prompt", "system", default=None, help="System prompt.")
 @pair_options
 @sampler_options(max_tokens=None)
+@reasoning_option
 @handle_errors
-def chat(system, **opts):
+def chat(system, reasoning, **opts):
     """Chat with the pair in the terminal (uses the chat template in the target GGUF)."""
     system = utf8_argument(system, "--system")
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
         session = ChatSession(pair, system, sampler_kwargs(opts),
-                              {k: opts.get(k) for k in ("draft_max", "draft_min", "draft_p_min")})
+                              {k: opts.get(k) for k in ("draft_max", "draft_min", "draft_p_min")}, reasoning)
         draft = f"draft {pair.draft.path.name}" if pair.draft is not None else \
             (f"drafter {pair.drafter_kind}" if pair.speculative else "no draft")
         policy = f", policy {pair.policy.name}" if pair.speculative else ""

@@ -296,6 +296,15 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
     return func
 
 
+def reasoning_option(func):
+    """--reasoning on|off|auto: a thinking model's template switch (enable_thinking), as llama.cpp's -rea."""
+    from ..reasoning import REASONING_MODES
+
+    return click.option("-rea", "--reasoning", "reasoning", type=click.Choice(REASONING_MODES), default="auto",
+                        show_default=True,
+                        help="Thinking (the chat template's enable_thinking); auto: the template's default.")(func)
+
+
 def sampler_kwargs(opts: dict) -> dict:
     return {k: opts[k] for k in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, decode_utf8, handle_errors, load_pair_from_options, pair_options, sampler_kwargs,
-                      sampler_options, utf8_argument, warn)
+from .options import (Command, decode_utf8, handle_errors, load_pair_from_options, pair_options, reasoning_option,
+                      sampler_kwargs, sampler_options, utf8_argument, warn)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -65,8 +65,9 @@ def use_chat_template(pair, raw: bool, use_chat: bool) -> bool:
 @click.option("--stats", "show_stats", is_flag=True, help="Print a statistics line on stderr.")
 @pair_options
 @sampler_options
+@reasoning_option
 @handle_errors
-def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json, show_stats, **opts):
+def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json, show_stats, reasoning, **opts):
     """Answer PROMPT (or -p PROMPT, -f FILE, - for stdin) and print the text: with the target's chat template
     when it has one (an instruct model), --raw for plain completion.
 
@@ -83,18 +84,33 @@ def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
         if use_chat_template(pair, raw, use_chat or system is not None):
+            from ..conversation import chat_prompt
+
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-            source = chat_tokens(pair, messages)
+            source, starts_inside = chat_prompt(pair, messages, reasoning)
         else:
-            source = text
-        pieces = []
+            source, starts_inside = text, False
+        from ..reasoning import ThinkSplitter
+
+        splitter, pieces, thinking = ThinkSplitter(starts_inside) if source is not text else None, [], []
         for piece in pair.stream(source, stop=list(stop), **sampler_kwargs(opts)):
-            pieces.append(piece.text)
+            for part in splitter.feed(piece.text) if splitter else [piece]:
+                if getattr(part, "kind", "content") == "reasoning":   # the thinking: on stderr, apart from the answer
+                    thinking.append(part.text)
+                    if not as_json:
+                        click.echo(click.style(part.text, dim=True), nl=False, err=True)
+                    continue
+                pieces.append(part.text)
+                if not as_json:
+                    click.echo(part.text, nl=False)
+        for part in splitter.flush() if splitter else []:
+            (thinking if part.kind == "reasoning" else pieces).append(part.text)
             if not as_json:
-                click.echo(piece.text, nl=False)
+                click.echo(part.text, nl=False, err=part.kind == "reasoning")
         stats = pair.last_stats
         if as_json:
-            click.echo(json.dumps({"text": "".join(pieces), "finish_reason": stats.finish_reason,
+            click.echo(json.dumps({"text": "".join(pieces), "reasoning": "".join(thinking).strip() or None,
+                                   "finish_reason": stats.finish_reason,
                                    "model": str(pair.target.path),
                                    "draft": str(pair.draft.path) if pair.draft is not None else None,
                                    "drafter": pair.drafter_kind,

@@ -162,7 +162,7 @@ class Service:
 
     @staticmethod
     async def _collect(job: Job, disconnected: asyncio.Task, fmt: ResponseFormat) -> Response:
-        texts = []
+        texts, thinking = [], []
         while True:
             event = await next_event(job, disconnected)
             if event is None:
@@ -170,10 +170,12 @@ class Service:
             kind, value = event
             if kind == "text":
                 texts.append(value)
+            elif kind == "reasoning":
+                thinking.append(value)
             elif kind == "error":
                 raise error_for(value, job.request.prompt_field)
             else:
-                return JSONResponse(fmt.full("".join(texts), value))
+                return JSONResponse(fmt.full("".join(texts), value, "".join(thinking)))
 
     async def chat_completions(self, request: Request) -> Response:
         self.authorize(request)

@@ -69,18 +69,20 @@ class ResponseFormat:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
                 **extra}
 
-    def full(self, text: str, stats) -> dict:
+    def full(self, text: str, stats, reasoning: str = "") -> dict:
         finish = FINISH_REASONS.get(stats.finish_reason, "stop")
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            message = {"role": "assistant", "content": text, **reasoning_field(reasoning.strip())}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return self._envelope(self.object, [choice], usage=usage(stats), llamaspec=stats.to_dict())
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False, **extra) -> dict:
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False, reasoning: str = "",
+              **extra) -> dict:
         if self.chat:
             delta = {} if text is None else {"content": text}
+            delta.update(reasoning_field(reasoning))
             if first:
                 delta = {"role": "assistant", **delta}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -90,6 +92,11 @@ class ResponseFormat:
 
     def usage_chunk(self, stats) -> dict:
         return self._envelope(self.chunk_object, [], usage=usage(stats))
+
+
+def reasoning_field(reasoning: str) -> dict:
+    """A thinking model's <think> part, as llama.cpp's and vLLM's servers return it (absent when empty)."""
+    return {"reasoning_content": reasoning} if reasoning else {}
 
 
 def usage(stats) -> dict:
@@ -165,6 +172,8 @@ class EventStream(Response):
             kind, value = await self.job.events.get()
             if kind == "text":
                 await send(self._body(fmt.chunk(value, **usage_field)))
+            elif kind == "reasoning":
+                await send(self._body(fmt.chunk(None, reasoning=value, **usage_field)))
             elif kind == "done":
                 finish = FINISH_REASONS.get(value.finish_reason, "stop")
                 await send(self._body(fmt.chunk(None, finish, llamaspec=value.to_dict(), **usage_field)))

@@ -216,20 +216,22 @@ class ForgedTokenError(ChatTemplateError):
         self.param = param
 
 
-def chat_segments(template: ChatTemplate, messages: list[dict], tokenizer: PromptTokenizer
-                  ) -> tuple[list[tuple[str, bool]], bool]:
-    """The chat prompt as (text, trusted) segments, and whether to add BOS. Roles and contents are untrusted."""
+def chat_segments(template: ChatTemplate, messages: list[dict], tokenizer: PromptTokenizer,
+                  template_vars: dict | None = None) -> tuple[list[tuple[str, bool]], bool]:
+    """The chat prompt as (text, trusted) segments, and whether to add BOS. Roles and contents are untrusted;
+    `template_vars` are the request's chat_template_kwargs."""
+    template_vars = template_vars or {}
     for i, m in enumerate(messages):
         if (hit := tokenizer.control_text(m["role"])) is not None:
             raise ForgedTokenError(f"messages[{i}].role contains the special token text {hit!r}", f"messages[{i}].role")
-    rendered = template.render(messages)
+    rendered = template.render(messages, **template_vars)
     add_bos = template.add_special_for(rendered)
     forged = next(((i, hit) for i, m in enumerate(messages) if (hit := tokenizer.control_text(m["content"]))), None)
     if forged is None:
         return [(rendered, True)], add_bos
     index, hit = forged
     param = f"messages[{index}].content"
-    wrapped = template.render([{**m, "content": OPEN + m["content"] + CLOSE} for m in messages])
+    wrapped = template.render([{**m, "content": OPEN + m["content"] + CLOSE} for m in messages], **template_vars)
     segments, trusted = [], True
     for piece in re.split(f"([{OPEN}{CLOSE}])", wrapped):
         if piece in (OPEN, CLOSE):

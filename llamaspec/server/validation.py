@@ -6,6 +6,8 @@ Knows nothing about models, HTTP or the worker.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import re
@@ -33,6 +35,7 @@ class GenerationRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    template_vars: dict = dataclasses.field(default_factory=dict)   # chat_template_kwargs (e.g. enable_thinking)
 
     @property
     def chat(self) -> bool:
@@ -159,7 +162,23 @@ def parse_chat(body: dict) -> GenerationRequest:
             raise invalid(f"messages[{i}]", "each message must be an object with a string 'role'")
         role = check_text(f"messages[{i}].role", m["role"], message_text=True)
         plain.append({"role": role, "content": _message_text(i, m.get("content"))})
-    return _parse_common(body, plain, "messages")
+    return dataclasses.replace(_parse_common(body, plain, "messages"),
+                               template_vars=parse_template_kwargs(body.get("chat_template_kwargs")))
+
+
+def parse_template_kwargs(value) -> dict:
+    """chat_template_kwargs (llama.cpp's and vLLM's name): extra variables for the chat template, e.g.
+    {"enable_thinking": false}; names are identifiers, values are JSON scalars."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object", code="invalid_type")
+    for name, item in value.items():
+        if not name.isidentifier() or name in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
+            raise invalid("chat_template_kwargs", f"'chat_template_kwargs' cannot set {name!r}")
+        if not (item is None or isinstance(item, (bool, str)) or is_int(item) or is_number(item)):
+            raise invalid(f"chat_template_kwargs.{name}", "must be a string, number, boolean or null")
+    return dict(value)
 
 
 def parse_completion(body: dict) -> GenerationRequest:

@@ -20,6 +20,7 @@ from ..chat_template import ChatTemplate
 from ..errors import LlamaspecError
 from .formats import APIError
 from .metrics import ServerMetrics
+from ..reasoning import ThinkSplitter, opens_thinking
 from .prompt import Cancelled, PromptTokenizer, chat_segments
 from .validation import GenerationRequest
 
@@ -147,13 +148,16 @@ class Worker:
             self.pair.set_policy(policy)
             done.set_result(self.pair.policy)
 
+    prompt_opens_thinking = False   # the last chat prompt left a <think> block open
+
     def prompt_tokens(self, req: GenerationRequest, cancelled: threading.Event | None = None) -> list[int]:
         """The request's prompt as token ids; raises LlamaspecError (a template failure, a prompt that cannot fit)
         or Cancelled."""
         if isinstance(req.prompt, str):
             return self.tokenizer.tokenize([(req.prompt, True)], add_special=True, cancelled=cancelled)
         if req.chat:
-            segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer)
+            segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer, req.template_vars)
+            self.prompt_opens_thinking = opens_thinking("".join(text for text, _ in segments))
             return self.tokenizer.tokenize(segments, add_special=add_bos, cancelled=cancelled)
         return req.prompt
 
@@ -172,13 +176,18 @@ class Worker:
             return
         job.emit("start")
         error = None
+        emit = reply_emitter(job, req.chat and self.prompt_opens_thinking)
         try:
             for piece in pieces:
-                if piece.text:
+                if piece.text and req.chat:
+                    emit(piece.text)
+                elif piece.text:
                     job.emit("text", piece.text)
                 self._apply_policies()
                 if job.cancelled.is_set():
                     break
+            if req.chat:
+                emit(None)
         except Exception as e:  # a decode failure (or a bug): the engine has rolled its caches back already
             if not isinstance(e, LlamaspecError):
                 traceback.print_exc(file=sys.stderr)
@@ -191,3 +200,15 @@ class Worker:
             job.emit("error", error)
         else:
             job.emit("done", stats)
+
+
+def reply_emitter(job: Job, starts_inside: bool):
+    """emit(text) sends a chat reply's text as ("reasoning", str) inside <think>...</think> and ("text", str)
+    after it, tags removed; emit(None) sends what a cut tag held back."""
+    splitter = ThinkSplitter(starts_inside)
+
+    def emit(text: str | None) -> None:
+        for part in (splitter.feed(text) if text is not None else splitter.flush()):
+            job.emit("reasoning" if part.kind == "reasoning" else "text", part.text)
+
+    return emit
