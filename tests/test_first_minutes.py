@@ -1,0 +1,91 @@
+"""The first minutes of a new user: llama.cpp's flag names, grouped --help, the pair offered per GPU, the CPU-only
+build on a GPU machine. No model is loaded here."""
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from llamaspec import sysinfo
+from llamaspec.cli import main
+from llamaspec.cli.options import GPU_LAYERS, HELP_SECTIONS, warn_before_load
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("command", ["chat", "run", "bench", "serve"])
+def test_help_is_grouped_and_every_option_has_a_line(command):
+    from llamaspec.cli.options import Command
+
+    cmd = main.commands[command]
+    text = invoke(command, "--help").output
+    for section in ("Model:", "Drafting:", "Placement:") + (("Sampling:",) if command != "serve" else ()):
+        assert section in text, (command, section)
+    assert ("Server:" in text) == (command == "serve")
+    missing = [p.name for p in cmd.params if isinstance(p, click.Option) and not p.help and not p.hidden]
+    assert isinstance(cmd, Command) and missing == []
+
+
+def test_llama_cpp_flag_names_reach_the_same_settings():
+    cmd = main.commands["run"]
+    ctx = cmd.make_context("run", ["--spec-draft-n-max", "5", "--spec-draft-n-min", "2", "--spec-draft-p-min", "0.4",
+                                   "--spec-draft-model", "d.gguf", "-ngl", "all", "-n", "7", "--temp", "0.5",
+                                   "-p", "hi", "-sys", "brief"])
+    p = ctx.params
+    assert (p["draft_max"], p["draft_min"], p["draft_p_min"], p["model_draft"]) == (5, 2, 0.4, "d.gguf")
+    assert (p["n_gpu_layers"], p["max_tokens"], p["temperature"], p["prompt_option"], p["system"]) == (
+        -1, 7, 0.5, "hi", "brief")
+    old = cmd.make_context("run", ["--draft-max", "5", "--n-predict", "7", "--temperature", "0.5", "-ngl", "12"]).params
+    assert (old["draft_max"], old["max_tokens"], old["temperature"], old["n_gpu_layers"]) == (5, 7, 0.5, 12)
+    assert GPU_LAYERS.convert("auto", None, None) == -1
+
+
+def test_sys_on_a_command_without_it_is_an_unknown_option_not_a_seed():
+    result = invoke("bench", "-sys", "x")
+    assert result.exit_code == 2 and "-sys" in result.stderr and "Traceback" not in result.output
+    assert invoke("run", "-ngl", "most", "x").exit_code == 2
+
+
+def test_nvidia_gpu_is_seen_from_nvidia_smi_or_device_nodes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sysinfo.shutil, "which", lambda name: None)
+    assert sysinfo.nvidia_gpu_signs(tmp_path) == []
+    (tmp_path / "nvidiactl").touch()
+    assert sysinfo.nvidia_gpu_signs(tmp_path) == []          # the control node alone is not a GPU
+    (tmp_path / "dxg").touch()
+    assert sysinfo.nvidia_gpu_signs(tmp_path) == [f"{tmp_path}/dxg (WSL2)"]
+    (tmp_path / "nvidia0").touch()
+    monkeypatch.setattr(sysinfo.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    assert len(sysinfo.nvidia_gpu_signs(tmp_path)) == 3
+
+
+@pytest.mark.parametrize("signs, ngl, warned", [(["nvidia-smi"], -1, True), (["/dev/dxg (WSL2)"], 0, False),
+                                                ([], -1, False), ([], 5, True)])
+def test_cpu_only_build_on_a_gpu_machine_says_so_once_with_the_install_command(monkeypatch, capsys, signs, ngl,
+                                                                               warned):
+    import llamaspec.backend
+
+    monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: False)
+    monkeypatch.setattr(sysinfo, "nvidia_gpu_signs", lambda: signs)
+    warn_before_load("t.gguf", "d.gguf", ngl, None)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == (1 if warned else 0)
+    if signs and warned:
+        assert sysinfo.CUDA_REINSTALL in err and signs[0] in err
+
+
+@pytest.mark.parametrize("gpus, expected", [
+    ([sysinfo.GPU(0, "NVIDIA GeForce RTX 4090", 24564, 22900)], "qwen3.6-27b-mtp"),
+    ([sysinfo.GPU(0, "NVIDIA GeForce RTX 3060", 12288, 11500)], "default"),
+    ([], "default")])
+def test_no_model_offers_the_pair_for_the_free_vram(monkeypatch, tmp_path, gpus, expected):
+    import llamaspec.backend
+    from llamaspec.cli.options import default_pair_for_this_machine
+
+    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: True)
+    monkeypatch.setattr(sysinfo, "nvidia_gpus", lambda: gpus)
+    assert default_pair_for_this_machine() == expected
+    monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: False)   # a CPU-only build: small pair
+    assert default_pair_for_this_machine() == "default"
