@@ -11,6 +11,7 @@ one code path. Layers, as in mlx-lm: `generate_tokens` owns the steps and the ca
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from statistics import median
@@ -22,6 +23,7 @@ from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import Costs, DraftPolicy, FixedPolicy, _check_k, make_policy
 from .sampling import SamplerConfig, as_dist, filter_logits
+from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
 from .verify import accept_greedy, accept_rejection
@@ -163,16 +165,18 @@ class Pair:
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: Sequence[str] | str | None = None, add_special: bool = True) -> Iterator[Piece]:
+               stop: Sequence[str] | str | None = None, add_special: bool = True,
+               shaping: Shaping | None = None) -> Iterator[Piece]:
         """Generate from `prompt` (text or token ids), yielding one Piece per token.
 
         Stops at max_tokens ("length"), an end-of-generation token or a stop string ("stop", neither is
         emitted), or a full context ("context"). Statistics land in `last_stats` when the generator ends,
-        also when the consumer stops early ("cancelled").
+        also when the consumer stops early ("cancelled"). `shaping`: a grammar, penalties or log-probabilities
+        (shaping.py), applied exactly to the target's rows.
         """
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         tokens = self.generate_tokens(prompt, max_tokens, SamplerConfig(temperature, top_k, top_p, min_p, seed),
-                                      add_special)
+                                      add_special, shaping)
         stats = self.last_stats
 
         def stopped():
@@ -181,7 +185,7 @@ class Pair:
         return stream_text(tokens, self.target.token_bytes, stops, stopped)
 
     def generate_tokens(self, prompt: str | Sequence[int], max_tokens: int, sampler: SamplerConfig,
-                        add_special: bool = True) -> Iterator[tuple[int, bool]]:
+                        add_special: bool = True, shaping: Shaping | None = None) -> Iterator[tuple[int, bool]]:
         """The token stream: (token, from_draft) per generated token; the prompt is checked before it starts."""
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens!r}", param="max_tokens")
@@ -196,13 +200,16 @@ class Pair:
             raise InvalidParameterError(f"prompt token ids must be in [0, {self.n_vocab})", param="prompt")
         self.last_stats = GenerationStats(policy=self.policy.name if self.drafter else "none",
                                           prompt_tokens=len(tokens))
-        return self._token_steps(tokens, max_tokens, sampler, self.last_stats)
+        shaper = Shaper(shaping, self.n_vocab) if shaping is not None and shaping.active else None
+        return self._token_steps(tokens, max_tokens, sampler, self.last_stats, shaper)
 
     # -- the loop -------------------------------------------------------------------------------------------
     def _token_steps(self, prompt: list[int], max_tokens: int, cfg: SamplerConfig,
-                     stats: GenerationStats) -> Iterator[tuple[int, bool]]:
+                     stats: GenerationStats, shaper: Shaper | None = None) -> Iterator[tuple[int, bool]]:
         rng = np.random.default_rng(cfg.seed)
-        sampling = None if cfg.greedy else Sampling(cfg, rng, device=self._device_sampling(cfg, rng))
+        # shaped rows are numpy's: the target's logits come back, so nothing filters on the device
+        sampling = None if cfg.greedy else Sampling(cfg, rng, device=self._device_sampling(
+            cfg if shaper is None else None, rng))
         t_start = time.perf_counter()
         decode_before = self._decode_seconds()
         rollback_before = self._rollback_totals()
@@ -210,7 +217,8 @@ class Pair:
         stats.finish_reason = "cancelled"
         try:
             # 1. prefill: reuse what the caches already hold, decode the rest of the prompt but its last token
-            self.target_ctx.set_device_argmax(sampling is None)  # greedy needs argmaxes only: taken on the device
+            # greedy needs argmaxes only: taken on the device
+            self.target_ctx.set_device_argmax(sampling is None and shaper is None)
             stats.prompt_tokens_cached = self._prefill(prompt[:-1], sampling)
             self._last = prompt[-1]
             stats.time_prefill = time.perf_counter() - t_start
@@ -221,7 +229,7 @@ class Pair:
                 if len(self._history) + 1 > self.n_ctx:
                     stats.finish_reason = "context"
                     return
-                emitted, n_from_draft = self._step(sampling, max_tokens - n_out, stats)
+                emitted, n_from_draft = self._step(sampling, max_tokens - n_out, stats, shaper)
                 for i, token in enumerate(emitted):
                     n_out += 1
                     stats.tokens_generated = n_out
@@ -247,11 +255,12 @@ class Pair:
             stats.time_rollback = seconds - rollback_before[0]
             stats.tokens_replayed = replayed - rollback_before[1]
 
-    def _device_sampling(self, cfg: SamplerConfig, rng: np.random.Generator) -> bool:
+    def _device_sampling(self, cfg: SamplerConfig | None, rng: np.random.Generator) -> bool:
         """Filter on the device (llama.cpp's sampler chains) when every context prefers it and can run it;
-        otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
+        otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact.
+        None: none does (shaped rows are filtered in numpy)."""
         contexts = [self.target_ctx, *(self.drafter.contexts if self.drafter is not None else ())]
-        wanted = all(ctx.prefers_device_sampling for ctx in contexts)
+        wanted = cfg is not None and all(ctx.prefers_device_sampling for ctx in contexts)
         # Every chain's draws follow the request's seed (the draft's too: the same draft draws in every request
         # would bias the output across seeds), or none at all; a chain with unchanged filters stays attached.
         if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
@@ -293,7 +302,8 @@ class Pair:
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
         return cached
 
-    def _step(self, sampling: Sampling | None, budget: int, stats: GenerationStats) -> tuple[list[int], int]:
+    def _step(self, sampling: Sampling | None, budget: int, stats: GenerationStats,
+              shaper: Shaper | None = None) -> tuple[list[int], int]:
         """Draft, verify, accept, roll back. Returns the emitted tokens and how many of them the draft proposed."""
         history, last = self._history, self._last
         room = self.n_ctx - len(history) - 1           # positions free after `last`
@@ -311,7 +321,10 @@ class Pair:
 
         # 2. verify: one target pass over [last, d_1..d_k], an opinion for every row
         batch = [last] + drafted
-        if sampling is None:  # the argmax of every row (taken on the device when it can be)
+        if shaper is not None:  # shaped rows (shaping.py): the batch ends before a draft token the grammar refuses
+            batch = [last] + drafted[:shaper.admissible(drafted)]
+            logits = self.target_ctx.eval(batch, logits="all")
+        elif sampling is None:  # the argmax of every row (taken on the device when it can be)
             target_argmax = self.target_ctx.eval_argmax(batch, rows="all")
         elif sampling.device:  # every row filtered on the device: only the kept candidates come back
             target_dists = self.target_ctx.eval_dists(batch, rows="all")
@@ -319,9 +332,15 @@ class Pair:
             logits = self.target_ctx.eval(batch, logits="all")
 
         # 3. accept
-        draft_arr = np.asarray(drafted, dtype=np.int64)
+        draft_arr = np.asarray(drafted[:len(batch)], dtype=np.int64)  # a refused draft token stays, unaccepted
         target_probs = None
-        if sampling is None:
+        if shaper is not None:
+            rows = shaper.rows(logits, history, batch)
+            n_accepted, next_token = shaper.accept(rows, draft_arr, draft.probs if drafted else None, sampling)
+            shaper.commit(rows, n_accepted, next_token, self.target.is_eog)
+            if sampling is not None:
+                target_probs = functools.partial(rows.dist, sampling.config)
+        elif sampling is None:
             n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
         else:
             if sampling.device:

@@ -34,6 +34,7 @@ from .formats import APIError, EventStream, Gone, ResponseFormat, error_for, inv
 from .guard import CountRequests, Guard, cors_options
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .openapi import openapi_description
+from .tools import family_of
 from .validation import GenerationRequest, parse_chat, parse_completion, parse_policy_update
 from .worker import Job, Worker
 
@@ -163,6 +164,7 @@ class Service:
     @staticmethod
     async def _collect(job: Job, disconnected: asyncio.Task, fmt: ResponseFormat) -> Response:
         texts, thinking = [], []
+        logprobs = [] if job.request.extras.top_logprobs is not None else None
         while True:
             event = await next_event(job, disconnected)
             if event is None:
@@ -172,10 +174,12 @@ class Service:
                 texts.append(value)
             elif kind == "reasoning":
                 thinking.append(value)
+            elif kind == "logprobs":
+                logprobs.append(value)
             elif kind == "error":
                 raise error_for(value, job.request.prompt_field)
             else:
-                return JSONResponse(fmt.full("".join(texts), value, "".join(thinking)))
+                return JSONResponse(fmt.full("".join(texts), value, "".join(thinking), logprobs))
 
     async def chat_completions(self, request: Request) -> Response:
         self.authorize(request)
@@ -183,7 +187,9 @@ class Service:
         if self.template is None:
             raise APIError(500, f"this model's chat template is unusable: {self.template_error}",
                            code="chat_template_error", kind="server_error")
-        return await self.generate(request, parse_chat(body), ResponseFormat(True, self.config.model_id))
+        req = parse_chat(body)
+        family = family_of(self.template.source) if req.extras.tools and req.extras.tool_choice != "none" else None
+        return await self.generate(request, req, ResponseFormat(True, self.config.model_id, family))
 
     async def completions(self, request: Request) -> Response:
         self.authorize(request)

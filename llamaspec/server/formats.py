@@ -16,6 +16,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..chat_template import ChatTemplateError
 from ..errors import ContextOverflowError, InvalidParameterError, LlamaspecError
+from .timings import timings
+from .tools import ToolStream, parse_tool_calls
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "length"}
 
@@ -56,10 +58,11 @@ def error_for(exc: BaseException, prompt_field: str) -> APIError:
 
 
 class ResponseFormat:
-    """Chat and text completions differ only in object names and where the text goes."""
+    """Chat and text completions differ only in object names and where the text goes. `tools_family`: the
+    tool-call syntax to parse replies with (tools.py), None when the request offers no tools."""
 
-    def __init__(self, chat: bool, model_id: str):
-        self.chat, self.model = chat, model_id
+    def __init__(self, chat: bool, model_id: str, tools_family: str | None = None):
+        self.chat, self.model, self.tools_family = chat, model_id, tools_family
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -69,25 +72,47 @@ class ResponseFormat:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
                 **extra}
 
-    def full(self, text: str, stats, reasoning: str = "") -> dict:
+    def full(self, text: str, stats, reasoning: str = "", logprobs: list | None = None) -> dict:
         finish = FINISH_REASONS.get(stats.finish_reason, "stop")
         if self.chat:
             message = {"role": "assistant", "content": text, **reasoning_field(reasoning.strip())}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            if self.tools_family is not None:
+                content, calls = parse_tool_calls(text, self.tools_family)
+                if calls:
+                    message.update(content=content or None, tool_calls=[c.to_dict() for c in calls])
+                    finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self._envelope(self.object, [choice], usage=usage(stats), llamaspec=stats.to_dict())
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
+        return self._envelope(self.object, [choice], usage=usage(stats), timings=timings(stats),
+                              llamaspec=stats.to_dict())
+
+    def logprobs(self, entries: list | None) -> dict | None:
+        """OpenAI's logprobs object: chat's {"content": [...]}, or the completions API's legacy columns."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": entries}
+        offsets, at = [], 0
+        for e in entries:
+            offsets.append(at)
+            at += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     def chunk(self, text: str | None, finish: str | None = None, first: bool = False, reasoning: str = "",
-              **extra) -> dict:
+              logprobs: list | None = None, tool_calls: list | None = None, **extra) -> dict:
         if self.chat:
             delta = {} if text is None else {"content": text}
             delta.update(reasoning_field(reasoning))
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             if first:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": self.logprobs(logprobs), "finish_reason": finish}
         return self._envelope(self.chunk_object, [choice], **extra)
 
     def usage_chunk(self, stats) -> dict:
@@ -168,15 +193,32 @@ class EventStream(Response):
         usage_field = {"usage": None} if req.include_usage else {}
         if fmt.chat:  # OpenAI's first chat chunk carries the role
             await send(self._body(fmt.chunk("", first=True, **usage_field)))
+        tools = ToolStream(fmt.tools_family) if fmt.chat and fmt.tools_family is not None else None
+        logprobs = [] if req.extras.top_logprobs is not None else None   # entries not sent yet
         while True:
             kind, value = await self.job.events.get()
-            if kind == "text":
-                await send(self._body(fmt.chunk(value, **usage_field)))
+            if kind == "logprobs":
+                logprobs.append(value)
+            elif kind == "text":
+                text = tools.push(value) if tools is not None else value
+                if text or logprobs:
+                    await send(self._body(fmt.chunk(text, logprobs=logprobs, **usage_field)))
+                    logprobs = [] if logprobs is not None else None
             elif kind == "reasoning":
                 await send(self._body(fmt.chunk(None, reasoning=value, **usage_field)))
             elif kind == "done":
                 finish = FINISH_REASONS.get(value.finish_reason, "stop")
-                await send(self._body(fmt.chunk(None, finish, llamaspec=value.to_dict(), **usage_field)))
+                if tools is not None:
+                    text, calls = tools.finish()
+                    if text or logprobs:
+                        await send(self._body(fmt.chunk(text, logprobs=logprobs, **usage_field)))
+                        logprobs = [] if logprobs is not None else None
+                    if calls:   # each call whole in one delta (OpenAI's clients accumulate either way)
+                        finish = "tool_calls"
+                        await send(self._body(fmt.chunk(None, tool_calls=[c.to_dict(i) for i, c in enumerate(calls)],
+                                                        **usage_field)))
+                await send(self._body(fmt.chunk(None, finish, logprobs=logprobs or None, timings=timings(value),
+                                                llamaspec=value.to_dict(), **usage_field)))
                 if req.include_usage:
                     await send(self._body(fmt.usage_chunk(value)))
                 break

@@ -17,6 +17,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 PREFIX = "llamaspec_"
+LLAMACPP_PREFIX = "llamacpp:"
 
 
 class _Present:
@@ -74,6 +75,17 @@ class ServerMetrics:
                                        "request.", buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram(p + "queue_wait_seconds", "Seconds a request waited for the model.",
                                     buckets=TTFT_BUCKETS, registry=r)
+        # llama-server's names (tools/server/server-task.cpp) where the meaning is the same; a "draft" is one
+        # verification of drafted tokens, and position i counts the drafts whose first i + 1 tokens were accepted
+        cpp = LLAMACPP_PREFIX
+        self.cpp_drafted = Counter(cpp + "spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated",
+                                   registry=r)
+        self.cpp_accepted = Counter(cpp + "spec_decode_num_accepted_tokens",
+                                    "Speculative: Total draft tokens accepted by the target model", registry=r)
+        self.cpp_drafts = Counter(cpp + "spec_decode_num_drafts",
+                                  "Speculative: Total speculative decoding verification steps", registry=r)
+        self.cpp_per_pos = Counter(cpp + "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position",
+                                   ("position",), registry=r)
         self.totals = {"accepted": 0, "drafted": 0, "tokens": 0, "passes": 0}  # for the ratios (one writer)
         r.register(_Present(self, draft_state, queue_state))
 
@@ -88,6 +100,13 @@ class ServerMetrics:
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)
         self.passes.inc(stats.target_passes)
+        self.cpp_drafted.inc(stats.drafted)
+        self.cpp_accepted.inc(stats.accepted)
+        self.cpp_drafts.inc(sum(stats.accepted_lengths.values()))
+        longest = max((n for n, steps in stats.accepted_lengths.items() if steps), default=0)
+        for position in range(longest):
+            self.cpp_per_pos.labels(position=str(position)).inc(
+                sum(steps for n, steps in stats.accepted_lengths.items() if n > position))
         for name, n in (("accepted", stats.accepted), ("drafted", stats.drafted), ("tokens", stats.tokens_generated),
                         ("passes", stats.target_passes)):
             self.totals[name] += n

@@ -16,6 +16,7 @@ Knows nothing about HTTP or about request fields: it is given a model, a context
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
@@ -219,11 +220,18 @@ class ForgedTokenError(ChatTemplateError):
 def chat_segments(template: ChatTemplate, messages: list[dict], tokenizer: PromptTokenizer,
                   template_vars: dict | None = None) -> tuple[list[tuple[str, bool]], bool]:
     """The chat prompt as (text, trusted) segments, and whether to add BOS. Roles and contents are untrusted;
-    `template_vars` are the request's chat_template_kwargs."""
+    `template_vars` are the request's chat_template_kwargs (and its tools). They and the messages' tool fields may
+    hold no special-token text at all."""
     template_vars = template_vars or {}
     for i, m in enumerate(messages):
         if (hit := tokenizer.control_text(m["role"])) is not None:
             raise ForgedTokenError(f"messages[{i}].role contains the special token text {hit!r}", f"messages[{i}].role")
+        extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+        if extra and (hit := tokenizer.control_text(json.dumps(extra, ensure_ascii=False))) is not None:
+            raise ForgedTokenError(f"messages[{i}] contains the special token text {hit!r} in its tool fields",
+                                   f"messages[{i}]")
+    if template_vars and (hit := tokenizer.control_text(json.dumps(template_vars, ensure_ascii=False))) is not None:
+        raise ForgedTokenError(f"the tools or template variables contain the special token text {hit!r}", "tools")
     rendered = template.render(messages, **template_vars)
     add_bos = template.add_special_for(rendered)
     forged = next(((i, hit) for i, m in enumerate(messages) if (hit := tokenizer.control_text(m["content"]))), None)

@@ -11,11 +11,12 @@ import dataclasses
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import POLICY_NAMES
 from .formats import invalid
+from .tools import parse_tool_choice, parse_tools, tool_fields
 
 MAX_MESSAGES = 2048   # OpenAI's own limit; also bounds the chat template's work
 MAX_STOP = 16
@@ -36,6 +37,11 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     template_vars: dict = dataclasses.field(default_factory=dict)   # chat_template_kwargs (e.g. enable_thinking)
+    extras: "Extras" = None                 # structured output, tools, penalties, logprobs
+
+    def __post_init__(self):
+        if self.extras is None:
+            self.extras = Extras()
 
     @property
     def chat(self) -> bool:
@@ -75,26 +81,49 @@ def _optional(body: dict, name: str, check: Callable[[Any], bool], expected: str
     return value
 
 
-# OpenAI fields llamaspec does not implement: accepted when they ask for the default behaviour, else 400.
+# Fields llamaspec does not implement: accepted when they ask for the default behaviour, else 400. mirostat adapts
+# to the surprise of what was sampled, a per-request state speculation would have to replay; n, best_of and echo
+# would need several sequences or the prompt's own logits.
 DEFAULT_ONLY = {
     "n": lambda v: is_int(v) and v == 1,
     "best_of": lambda v: is_int(v) and v == 1,
-    "presence_penalty": lambda v: is_number(v) and v == 0,
-    "frequency_penalty": lambda v: is_number(v) and v == 0,
-    "logprobs": lambda v: v is False or (is_int(v) and v == 0),
-    "top_logprobs": lambda v: is_int(v) and v == 0,
     "echo": lambda v: v is False,
-    "logit_bias": lambda v: v == {},
     "suffix": lambda v: v == "",
-    "tools": lambda v: v == [],
     "functions": lambda v: v == [],
-    "tool_choice": lambda v: v == "none",
     "function_call": lambda v: v == "none",
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "mirostat": lambda v: is_int(v) and v == 0,
 }
+# Accepted and without effect here: bookkeeping fields of OpenAI's API, and llama-server's cache switch (the cache is
+# always reused where the prompt allows; the output is the same either way).
+IGNORED = ("model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "cache_prompt")
+COMMON_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                 "stream", "stream_options", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "grammar", "json_schema", "response_format", "n_probs",
+                 *DEFAULT_ONLY, *IGNORED)
+CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
+               *COMMON_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
+MAX_TOP_LOGPROBS = 20   # OpenAI's limit
 
 
-def _reject_unsupported(body: dict) -> None:
+@dataclass
+class Extras:
+    """What a request asks beyond plain sampling (each checked for type and range here; grammars and schemas are
+    compiled by the worker, which owns the model)."""
+    penalties: dict = field(default_factory=dict)   # shaping.Penalties' fields
+    logit_bias: dict = field(default_factory=dict)  # token id -> bias
+    top_logprobs: int | None = None                 # None: no log-probabilities
+    grammar: str | None = None                      # GBNF
+    json_schema: dict | None = None                 # the schema the reply must satisfy (json_object: an object)
+    tools: list = field(default_factory=list)       # OpenAI function tools
+    tool_choice: str | dict = "auto"                # auto, none, required, or {"type": "function", "function": ...}
+
+
+def _refuse_unknown(body: dict, known: tuple[str, ...]) -> None:
+    for name in body:
+        if name not in known:
+            raise invalid(name, f"unknown field '{name[:60]}': this server does not implement it (see /openapi.json)",
+                          code="unsupported_parameter")
     for name, is_default in DEFAULT_ONLY.items():
         value = body.get(name)
         if value is not None and not is_default(value):
@@ -114,7 +143,6 @@ def _parse_stop(body: dict) -> list[str]:
 
 
 def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
-    _reject_unsupported(body)
     _optional(body, "model", lambda v: isinstance(v, str), "a string")
     limits = [_optional(body, name, lambda v: is_int(v) and v >= 1, "an integer >= 1")
               for name in ("max_completion_tokens", "max_tokens")]
@@ -130,8 +158,9 @@ def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
     stream = _optional(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)
+    _optional(body, "cache_prompt", lambda v: isinstance(v, bool), "true or false")
     return GenerationRequest(prompt, prompt_field, max_tokens or 0, sampling, _parse_stop(body), stream,
-                             include_usage)
+                             include_usage, parse_extras(body, prompt_field == "messages"))
 
 
 def _message_text(index: int, content) -> str:
@@ -150,6 +179,7 @@ def _message_text(index: int, content) -> str:
 
 
 def parse_chat(body: dict) -> GenerationRequest:
+    _refuse_unknown(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         code = "missing_required_parameter" if messages is None else "invalid_type"
@@ -161,7 +191,7 @@ def parse_chat(body: dict) -> GenerationRequest:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise invalid(f"messages[{i}]", "each message must be an object with a string 'role'")
         role = check_text(f"messages[{i}].role", m["role"], message_text=True)
-        plain.append({"role": role, "content": _message_text(i, m.get("content"))})
+        plain.append({"role": role, "content": _message_text(i, m.get("content")), **tool_fields(i, m)})
     return dataclasses.replace(_parse_common(body, plain, "messages"),
                                template_vars=parse_template_kwargs(body.get("chat_template_kwargs")))
 
@@ -174,7 +204,8 @@ def parse_template_kwargs(value) -> dict:
     if not isinstance(value, dict):
         raise invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object", code="invalid_type")
     for name, item in value.items():
-        if not name.isidentifier() or name in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
+        if not name.isidentifier() or name in ("messages", "tools", "add_generation_prompt", "bos_token",
+                                               "eos_token"):
             raise invalid("chat_template_kwargs", f"'chat_template_kwargs' cannot set {name!r}")
         if not (item is None or isinstance(item, (bool, str)) or is_int(item) or is_number(item)):
             raise invalid(f"chat_template_kwargs.{name}", "must be a string, number, boolean or null")
@@ -182,6 +213,7 @@ def parse_template_kwargs(value) -> dict:
 
 
 def parse_completion(body: dict) -> GenerationRequest:
+    _refuse_unknown(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -204,3 +236,75 @@ def parse_policy_update(body: dict, current: dict) -> dict:
         _optional(body, name, lambda v: is_int(v) and v >= 0, "an integer >= 0")
     _optional(body, "draft_p_min", is_number, "a number in [0, 1)")
     return {**current, **body}
+
+
+def parse_extras(body: dict, chat: bool) -> Extras:
+    """Penalties, logit bias, log-probabilities, grammar / JSON output and tools, each checked for type and range."""
+    extras = Extras()
+    for name, key, check, expected in (
+            ("repeat_penalty", "repeat", lambda v: is_number(v) and 0 < v <= 10, "a number in (0, 10]"),
+            ("frequency_penalty", "frequency", lambda v: is_number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+            ("presence_penalty", "presence", lambda v: is_number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+            ("repeat_last_n", "last_n", lambda v: is_int(v) and v >= -1, "an integer >= -1 (-1: the whole context)")):
+        value = _optional(body, name, check, expected)
+        if value is not None:
+            extras.penalties[key] = value
+    bias = _optional(body, "logit_bias", lambda v: isinstance(v, dict) and len(v) <= 1024,
+                     "an object of at most 1024 token ids to numbers", {})
+    for key, value in bias.items():
+        if not (key.isdigit() and len(key) < 10 and is_number(value) and -100 <= value <= 100):
+            raise invalid("logit_bias", f"'logit_bias' maps token ids to numbers in [-100, 100]; got "
+                                        f"{_shown(key)}: {_shown(value)}")
+        extras.logit_bias[int(key)] = float(value)
+    extras.top_logprobs = _parse_logprobs(body, chat)
+    extras.grammar = _optional(body, "grammar", lambda v: isinstance(v, str) and v.strip(), "GBNF text")
+    extras.json_schema = _parse_response_format(body)
+    if extras.grammar is not None and extras.json_schema is not None:
+        raise invalid("grammar", "give either 'grammar' or a JSON 'response_format' / 'json_schema', not both")
+    if chat:
+        extras.tools = parse_tools(body.get("tools"))
+        extras.tool_choice = parse_tool_choice(body.get("tool_choice"), extras.tools)
+        if extras.tool_choice not in ("auto", "none") and (extras.grammar is not None or extras.json_schema is not None):
+            raise invalid("tool_choice", "a forced tool call cannot be combined with 'grammar' or 'response_format'")
+    return extras
+
+
+def _parse_logprobs(body: dict, chat: bool) -> int | None:
+    """None for no log-probabilities, else how many of each row's best to list too. Chat: logprobs (bool) with
+    top_logprobs (0..20); completions: logprobs (an integer 0..5, OpenAI's legacy form). llama-server's n_probs > 0
+    asks for them as well."""
+    n_probs = _optional(body, "n_probs", lambda v: is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+                        f"an integer in [0, {MAX_TOP_LOGPROBS}]", 0)
+    if chat:
+        wanted = _optional(body, "logprobs", lambda v: isinstance(v, bool), "true or false", False)
+        top = _optional(body, "top_logprobs", lambda v: is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS,
+                        f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+        if top is not None and not wanted and top > 0:
+            raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        if wanted:
+            return max(top or 0, n_probs)
+    else:
+        top = _optional(body, "logprobs", lambda v: is_int(v) and 0 <= v <= 5, "an integer in [0, 5]")
+        if top is not None:
+            return max(top, n_probs)
+    return n_probs or None
+
+
+def _parse_response_format(body: dict) -> dict | None:
+    """None for free text, else the JSON schema the reply must satisfy (json_object: {"type": "object"})."""
+    schema = _optional(body, "json_schema", lambda v: isinstance(v, dict), "a JSON schema object")
+    fmt = _optional(body, "response_format", lambda v: isinstance(v, dict) and isinstance(v.get("type"), str),
+                    "an object with a 'type'")
+    if fmt is None or fmt["type"] == "text":
+        return schema
+    if schema is not None:
+        raise invalid("json_schema", "give either 'json_schema' or a JSON 'response_format', not both")
+    if fmt["type"] == "json_object":
+        return fmt.get("schema") if isinstance(fmt.get("schema"), dict) else {"type": "object"}
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise invalid("response_format", "'response_format.json_schema' must be an object with a 'schema' object")
+        return spec.get("schema", {})
+    raise invalid("response_format", f"'response_format.type' must be text, json_object or json_schema, got "
+                                     f"{_shown(fmt['type'])}")

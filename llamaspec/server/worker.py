@@ -17,11 +17,13 @@ import traceback
 from typing import Any
 
 from ..chat_template import ChatTemplate
-from ..errors import LlamaspecError
+from ..errors import InvalidParameterError, LlamaspecError
+from ..shaping import Penalties, Shaping
 from .formats import APIError
 from .metrics import ServerMetrics
 from ..reasoning import ThinkSplitter, opens_thinking
 from .prompt import Cancelled, PromptTokenizer, chat_segments
+from .tools import family_of, forced_call_gbnf, forced_call_schema
 from .validation import GenerationRequest
 
 
@@ -156,18 +158,29 @@ class Worker:
         if isinstance(req.prompt, str):
             return self.tokenizer.tokenize([(req.prompt, True)], add_special=True, cancelled=cancelled)
         if req.chat:
-            segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer, req.template_vars)
+            template_vars = dict(req.template_vars)
+            if req.extras.tools and req.extras.tool_choice != "none":
+                template_vars["tools"] = req.extras.tools
+            segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer, template_vars)
             self.prompt_opens_thinking = opens_thinking("".join(text for text, _ in segments))
             return self.tokenizer.tokenize(segments, add_special=add_bos, cancelled=cancelled)
         return req.prompt
+
+    def _logprob_entry(self, x) -> dict:
+        """OpenAI's chat form of one token's log-probability: its text, bytes and the best alternatives."""
+        def entry(token: int, logprob: float) -> dict:
+            data = self.pair.target.token_bytes(token)
+            return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+        return {**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]}
 
     def _run(self, job: Job) -> None:
         req = job.request
         self.metrics.queue_wait.observe(time.monotonic() - job.submitted)
         try:
             tokens = self.prompt_tokens(req, job.cancelled)
+            shaping = request_shaping(req, self.pair.target, self.template)
             pieces = self.pair.stream(tokens, max_tokens=req.max_tokens or self.pair.n_ctx, stop=req.stop,
-                                      add_special=False, **req.sampling)
+                                      add_special=False, shaping=shaping, **req.sampling)
         except Cancelled:  # the client left (nobody reads this) or the server is stopping
             job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
             return
@@ -177,8 +190,12 @@ class Worker:
         job.emit("start")
         error = None
         emit = reply_emitter(job, req.chat and self.prompt_opens_thinking)
+        n_tokens = 0
         try:
             for piece in pieces:
+                if shaping is not None and shaping.top_logprobs is not None and piece.token is not None:
+                    job.emit("logprobs", self._logprob_entry(shaping.logprobs[n_tokens]))
+                    n_tokens += 1
                 if piece.text and req.chat:
                     emit(piece.text)
                 elif piece.text:
@@ -212,3 +229,26 @@ def reply_emitter(job: Job, starts_inside: bool):
             job.emit("reasoning" if part.kind == "reasoning" else "text", part.text)
 
     return emit
+
+
+def request_shaping(req: GenerationRequest, model, template: ChatTemplate | None) -> Shaping | None:
+    """The request's grammar (GBNF, a JSON schema, or a forced tool call), penalties, logit bias and
+    log-probabilities, as shaping.py applies them; None when it asks for none."""
+    from ..backend.grammar import Grammar, json_schema_gbnf   # the server's one use of the backend: grammars
+
+    x = req.extras
+    gbnf, param = x.grammar, "grammar"
+    if x.json_schema is not None:
+        gbnf, param = json_schema_gbnf(x.json_schema), "response_format"
+    if req.chat and x.tool_choice not in ("auto", "none"):
+        family = family_of(template.source if template is not None else "")
+        gbnf, param = forced_call_gbnf(json_schema_gbnf(forced_call_schema(x.tools, x.tool_choice, family), "tools"),
+                                       family), "tool_choice"
+    bad = [t for t in x.logit_bias if t >= model.n_vocab]
+    if bad:
+        raise InvalidParameterError(f"'logit_bias' names token {bad[0]}, beyond the vocabulary ({model.n_vocab})",
+                                    param="logit_bias")
+    shaping = Shaping(grammar=Grammar.compile(model, gbnf, param) if gbnf is not None else None,
+                      penalties=Penalties(**x.penalties) if x.penalties else None,
+                      top_logprobs=x.top_logprobs, logit_bias=dict(x.logit_bias))
+    return shaping if shaping.active else None
