@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .. import __version__
 from ..config import POLICY_NAMES
-from .validation import MAX_MESSAGES, MAX_STOP
+from .tools import MAX_TOOLS
+from .validation import MAX_MESSAGES, MAX_STOP, MAX_TOP_LOGPROBS
 
 REF = "#/components/schemas/"
 
@@ -37,22 +38,40 @@ _SAMPLING = {
     "stream": _nullable({"type": "boolean"}),
     "stream_options": _nullable({"type": "object", "properties": {
         "include_usage": _nullable({"type": "boolean"})}}),
-    # OpenAI fields accepted only with their default value
+    # penalties, applied to the target's rows exactly under speculation (llama.cpp's penalties sampler)
+    "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
+    "repeat_last_n": _nullable({"type": "integer", "minimum": -1, "description": "-1: the whole context."}),
+    "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+    "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+    "logit_bias": _nullable({"type": "object", "maxProperties": 1024, "description": "Token id (a decimal string, "
+                             "below the vocabulary size) -> a number in [-100, 100]."}),
+    "n_probs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
+                          "description": "llama-server's: > 0 returns log-probabilities with this many alternatives."}),
+    "grammar": _nullable({"type": "string", "description": "GBNF (llama.cpp's grammar format); the reply follows it."}),
+    "json_schema": _nullable({"type": "object", "description": "llama-server's: the reply is JSON valid under "
+                                                               "this schema."}),
+    "response_format": _nullable({"anyOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"], "properties": {
+            "type": {"const": "json_schema"},
+            "json_schema": {"type": "object", "properties": {"name": {"type": "string"},
+                                                             "strict": _nullable({"type": "boolean"}),
+                                                             "schema": {"type": "object"}}}}}]}),
+    # accepted, without effect here
+    "user": _nullable({"type": "string"}),
+    "metadata": _nullable({"type": "object"}),
+    "store": _nullable({"type": "boolean"}),
+    "service_tier": _nullable({"type": "string"}),
+    "parallel_tool_calls": _nullable({"type": "boolean"}),
+    "cache_prompt": _nullable({"type": "boolean", "description": "The cache is reused either way."}),
+    # fields accepted only with their default value
     "n": _nullable({"const": 1}),
     "best_of": _nullable({"const": 1}),
-    "presence_penalty": _nullable({"const": 0}),
-    "frequency_penalty": _nullable({"const": 0}),
-    "logprobs": _nullable({"enum": [False, 0]}),
-    "top_logprobs": _nullable({"const": 0}),
     "echo": _nullable({"const": False}),
-    "logit_bias": _nullable({"type": "object", "maxProperties": 0}),
     "suffix": _nullable({"const": ""}),
-    "tools": _nullable({"type": "array", "maxItems": 0}),
     "functions": _nullable({"type": "array", "maxItems": 0}),
-    "tool_choice": _nullable({"const": "none"}),
     "function_call": _nullable({"const": "none"}),
-    "response_format": _nullable({"type": "object", "required": ["type"],
-                                  "properties": {"type": {"const": "text"}}}),
+    "mirostat": _nullable({"const": 0}),
 }
 
 SCHEMAS = {
@@ -61,10 +80,29 @@ SCHEMAS = {
     "Message": {"type": "object", "required": ["role"], "properties": {
         "role": {**_MESSAGE_TEXT, "description": "Any role the chat template accepts; without special-token text."},
         "content": _nullable({"anyOf": [_MESSAGE_TEXT, {"type": "array", "items": {"$ref": REF + "TextPart"}}]})}},
-    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+    "Tool": {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"},
+            "description": _nullable({"type": "string"}),
+            "parameters": {"type": "object", "description": "A JSON schema."}}}}},
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
+                              "properties": {
         "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {"$ref": REF + "Message"}},
+        "logprobs": _nullable({"type": "boolean"}),
+        "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
+                                   "description": "Above 0 needs logprobs: true."}),
+        "tools": _nullable({"type": "array", "maxItems": MAX_TOOLS, "items": {"$ref": REF + "Tool"}}),
+        "tool_choice": _nullable({"anyOf": [{"enum": ["auto", "none", "required"]}, {
+            "type": "object", "required": ["type", "function"], "properties": {
+                "type": {"const": "function"}, "function": {"type": "object", "required": ["name"],
+                                                            "properties": {"name": {"type": "string"}}}}}],
+            "description": "'required' needs tools; a named function must be one of the tools."}),
+        "chat_template_kwargs": _nullable({"type": "object", "description": "Extra variables for the chat template "
+                                                                           "(identifiers)."}),
         **_SAMPLING}},
-    "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
+    "CompletionRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False, "properties": {
+        "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5}),
         "prompt": {"anyOf": [
             {**_TEXT, "minLength": 1},
             {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0},
