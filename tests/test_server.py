@@ -264,9 +264,16 @@ def test_response_carries_speculation_statistics(client):
 def test_harmless_openai_fields_are_accepted(server):
     body = {"model": "x", "messages": MESSAGES, "max_tokens": 2, "user": "u-1", "n": 1, "presence_penalty": 0,
             "frequency_penalty": 0.0, "logprobs": False, "response_format": {"type": "text"}, "metadata": {"a": "b"},
-            "some_future_field": [1, 2], "stream": False, "stop": None}
+            "stream": False, "stop": None, "cache_prompt": True, "mirostat": 0, "parallel_tool_calls": False}
     r = post(server.url, "/v1/chat/completions", body, AUTH)
     assert r.status_code == 200, r.text
+    assert r.json()["timings"]["predicted_n"] == r.json()["usage"]["completion_tokens"]
+
+
+def test_unknown_fields_are_refused_naming_them(server):
+    body = {"model": "x", "messages": MESSAGES, "max_tokens": 2, "some_future_field": [1, 2]}
+    assert_openai_error(post(server.url, "/v1/chat/completions", body, AUTH), 400, param="some_future_field",
+                        code="unsupported_parameter")
 
 
 def test_content_parts_are_joined_into_text(client, library_pair):
@@ -321,9 +328,12 @@ BAD_CHAT_FIELDS = [
     ({"stop": ["a", 1]}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": "yes"}}, "include_usage"),
-    ({"logprobs": True}, "logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"presence_penalty": 5}, "presence_penalty"),
+    ({"mirostat": 2}, "mirostat"),
+    ({"grammar": "root ::= undefined_rule"}, "grammar"),
+    ({"logit_bias": {"999999999": 1}}, "logit_bias"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0]"),
     ({"model": 5}, "model"),
     ({"messages": []}, "messages"),
     ({"messages": "hello"}, "messages"),
