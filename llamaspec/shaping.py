@@ -201,6 +201,8 @@ class Shaper:
             emitted = rows.batch[1:1 + n_accepted] + [next_token]
             for i, token in enumerate(emitted):
                 self.shaping.logprobs.append(token_logprob(rows.raw[i], token, n))
+                if is_eog(token):   # an accepted end-of-generation draft token ends the reply
+                    break
 
 
 def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
