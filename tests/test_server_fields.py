@@ -139,7 +139,7 @@ def test_llama_server_extras_and_openai_fields_are_read():
     x = req.extras
     assert x.penalties == {"repeat": 1.1, "last_n": 32, "presence": 0.5, "frequency": 0.1}
     assert x.top_logprobs == 2 and x.logit_bias == {5: -100.0} and x.json_schema == {"type": "object"}
-    assert x.template_kwargs == {"enable_thinking": False}
+    assert req.template_vars == {"enable_thinking": False}
     assert req.sampling["seed"] == 3
     assert parse_chat({"messages": MESSAGES, "response_format": {"type": "json_object"}}).extras.json_schema == \
         {"type": "object"}

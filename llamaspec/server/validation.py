@@ -160,7 +160,7 @@ def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)
     _optional(body, "cache_prompt", lambda v: isinstance(v, bool), "true or false")
     return GenerationRequest(prompt, prompt_field, max_tokens or 0, sampling, _parse_stop(body), stream,
-                             include_usage, parse_extras(body, prompt_field == "messages"))
+                             include_usage, extras=parse_extras(body, prompt_field == "messages"))
 
 
 def _message_text(index: int, content) -> str:
