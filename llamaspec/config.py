@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+from . import bounds
 from .errors import InvalidParameterError
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
@@ -54,14 +55,12 @@ class ModelConfig:
         _choice("flash_attn", self.flash_attn, FLASH_ATTN_MODES)
         _choice("cache_type_k", self.cache_type_k, CACHE_TYPES)
         _choice("cache_type_v", self.cache_type_v, CACHE_TYPES)
-        for name in ("n_ctx", "n_batch"):
-            _int(name, getattr(self, name), 1)
-        _int("n_rs_seq", self.n_rs_seq, 0)
-        _int("n_checkpoints", self.n_checkpoints, 0)
+        for name in ("n_ctx", "n_batch", "n_rs_seq", "n_checkpoints", "n_gpu_layers", "main_gpu"):
+            bounds.check(name, getattr(self, name))
         if self.n_threads is not None:
-            _int("n_threads", self.n_threads, 1)
+            bounds.check("n_threads", self.n_threads)
         if self.tensor_split is not None:
-            object.__setattr__(self, "tensor_split", tuple(float(x) for x in self.tensor_split))
+            object.__setattr__(self, "tensor_split", bounds.check_tensor_split(self.tensor_split))
         if self.devices is not None and not isinstance(self.devices, tuple):
             object.__setattr__(self, "devices", tuple(self.devices))
 
@@ -96,9 +95,9 @@ class LoadConfig:
     def __post_init__(self):
         _choice("policy", self.policy, POLICY_NAMES)
         _choice("drafter", self.drafter, DRAFTER_KINDS)
-        for name in ("draft_max", "draft_min"):
+        for name in ("draft_max", "draft_min", "draft_p_min"):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name), 0)
+                bounds.check(name, getattr(self, name), known={"n_batch": self.target.n_batch})
         if self.warm_up is not None and not isinstance(self.warm_up, bool):
             raise InvalidParameterError(f"warm_up must be true, false or None, got {self.warm_up!r}", param="warm_up")
 
@@ -154,8 +153,3 @@ _LOAD_FIELDS = tuple(f.name for f in fields(LoadConfig))
 def _choice(name: str, value, choices: Sequence[str]) -> None:
     if value not in choices:
         raise InvalidParameterError(f"{name} must be one of {', '.join(choices)}, got {value!r}", param=name)
-
-
-def _int(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}", param=name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from . import bounds
 from .config import MTP_DRAFTERS, LoadConfig, ModelConfig
 from .drafters import make_drafter
 from .engine import Pair
@@ -53,8 +54,9 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         target, draft, defaults = resolve_pair(target, assume_yes=True)
         config = LoadConfig().replace(**defaults).replace(**settings)
 
-    # 1. headers: both files readable, the pair compatible, before any weights load
+    # 1. headers: both files readable, the pair compatible, the placement possible, before any weights load
     target_info = read_model_info(target)
+    check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
     kind = config.drafter
     if draft is not None:
@@ -65,7 +67,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     elif kind in HIDDEN_DRAFT_ARCHS:
         raise InvalidParameterError(f"drafter {kind!r} needs its draft GGUF (draft=...)", param="draft")
     if policy_obj is None:
-        policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min)
+        policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min,
+                                 n_batch=config.target.n_batch)
     mtp = config.drafter in MTP_DRAFTERS
     if mtp:
         _check_mtp_header(target_info, draft, config.drafter)
@@ -137,6 +140,22 @@ def _ready(pair: Pair, config: LoadConfig) -> Pair:
             pair.close()
             raise
     return pair
+
+
+def check_placement(info: ModelInfo, config: ModelConfig, found) -> None:
+    """The context's KV cache fits in this machine's RAM and GPU memory together, and main_gpu names a GPU that
+    exists (the rows: bounds.py). `found`: the backend's devices."""
+    from .gguf.memory import Settings, kv_cache_bytes
+    from .sysinfo import total_ram_bytes
+
+    gpus = [d for d in found if d.kind == "gpu"]
+    per_token = kv_cache_bytes(info, Settings(n_ctx=1, type_k=config.cache_type_k, type_v=config.cache_type_v))
+    memory = (total_ram_bytes() or 0) + sum(d.total for d in gpus)
+    known = {"n_gpus": len(gpus)}
+    if per_token > 0 and memory > 0:
+        known["n_ctx_memory"] = memory // per_token
+    bounds.check("n_ctx", config.n_ctx, known)
+    bounds.check("main_gpu", config.main_gpu, known)
 
 
 def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .config import POLICY_NAMES  # noqa: F401  (re-exported)
+from . import bounds
 from .errors import InvalidParameterError
 
 
@@ -69,8 +70,10 @@ class DraftPolicy(abc.ABC):
 
 
 def _check_k(name: str, value: int, low: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidParameterError(f"{name} must be an integer >= {low}, got {value!r}", param=name)
+    # a draft length (and any count a policy keeps per length) is at most what one batch verifies (bounds.py)
+    high = bounds.MAX_BATCH - 1
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidParameterError(f"{name} must be an integer in [{low}, {high}], got {value!r}"[:120], param=name)
     return value
 
 
@@ -137,8 +140,13 @@ class ThresholdPolicy(DraftPolicy):
 
 
 def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None = None,
-                p_min: float | None = None) -> DraftPolicy:
-    """Build a policy from CLI/server style settings: k is the draft length (fixed) or its maximum (others)."""
+                p_min: float | None = None, n_batch: int | None = None) -> DraftPolicy:
+    """Build a policy from CLI/server style settings: k is the draft length (fixed) or its maximum (others),
+    within what one batch of `n_batch` tokens verifies (the ranges: bounds.py)."""
+    known = {"n_batch": n_batch} if n_batch else {}
+    for param, value in (("draft_max", k), ("draft_min", k_min), ("draft_p_min", p_min)):
+        if value is not None:
+            bounds.check(param, value, known)
     if name == "fixed":
         return FixedPolicy(4 if k is None else k, 0.0 if p_min is None else p_min)
     if name == "confidence":

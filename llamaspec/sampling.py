@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import bounds
 from .errors import InvalidParameterError
 
 # top-p first looks for the nucleus among this many best candidates before sorting the whole vocabulary.
@@ -43,19 +44,11 @@ class SamplerConfig:
 
 
 def validate_sampler(temperature, top_k, top_p, min_p, seed) -> None:
-    """Raise InvalidParameterError naming the first bad value."""
-    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise InvalidParameterError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}",
-                                    param="temperature")
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-        raise InvalidParameterError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}", param="top_k")
-    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not (0.0 < top_p <= 1.0):
-        raise InvalidParameterError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}", param="top_p")
-    if not isinstance(min_p, (int, float)) or isinstance(min_p, bool) or not (0.0 <= min_p <= 1.0):
-        raise InvalidParameterError(f"min_p must be in [0, 1] (0 = off), got {min_p!r}", param="min_p")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise InvalidParameterError(f"seed must be a non-negative integer, got {seed!r}", param="seed")
+    """Raise InvalidParameterError naming the first bad value (the ranges: bounds.py)."""
+    for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        bounds.check(name, value)
+    if seed is not None:
+        bounds.check("seed", seed)
 
 
 def filtered_probs(logits: np.ndarray, cfg: SamplerConfig, out: np.ndarray | None = None) -> np.ndarray:

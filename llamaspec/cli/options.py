@@ -10,6 +10,7 @@ import click
 
 from ..config import (CACHE_TYPES, DEFAULT_N_CTX, DRAFTER_KINDS, FLASH_ATTN_MODES, MTP_DRAFTERS, POLICY_NAMES,
                       SPLIT_MODES, LoadConfig, ModelConfig)
+from .. import bounds
 from ..errors import LlamaspecError
 
 EXIT_ERROR = 1
@@ -42,12 +43,33 @@ class GpuLayers(click.ParamType):
             layers = int(text)
         except ValueError:
             self.fail(f"{value!r} is not a number of layers, all or auto", param, ctx)
-        if layers < -1:
-            self.fail(f"{layers} layers: give -1 (all) or more", param, ctx)
+        problem = bounds.BOUNDS["n_gpu_layers"].problem(layers)
+        if problem is not None:
+            self.fail(problem, param, ctx)
         return layers
 
 
 GPU_LAYERS = GpuLayers()
+
+
+class Bounded(click.ParamType):
+    """A number checked against its row in bounds.py, the same range the library and the server apply."""
+
+    def __init__(self, row: str):
+        self.bound = bounds.BOUNDS[row]
+        self.name = "integer" if self.bound.integer else "number"
+
+    def convert(self, value, param, ctx):
+        number = value
+        if isinstance(value, str):
+            try:
+                number = int(value.strip(), 10) if self.bound.integer else float(value.strip())
+            except ValueError:
+                self.fail(f"{value[:40]!r} is not {'an integer' if self.bound.integer else 'a number'}", param, ctx)
+        problem = self.bound.problem(number)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return number
 
 
 class OneLineUsageError(click.UsageError):
@@ -158,13 +180,13 @@ def pair_options(func):
                      help="Target layers on the GPU (-1, all or auto = all)."),
         click.option("-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "draft_n_gpu_layers", type=GPU_LAYERS,
                      default=None, help="Draft layers on the GPU (default: as -ngl)."),
-        click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
+        click.option("-c", "--ctx-size", "n_ctx", type=Bounded("n_ctx"), default=None,
                      help=f"Context size in tokens [default: {DEFAULT_N_CTX}, or the --pair entry's]."),
-        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=_MODEL.n_batch,
+        click.option("-b", "--batch-size", "n_batch", type=Bounded("n_batch"), default=_MODEL.n_batch,
                      show_default=True, help="Tokens per prompt-processing batch."),
-        click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
+        click.option("-t", "--threads", "n_threads", type=Bounded("n_threads"), default=None,
                      help="CPU threads (default: physical cores)."),
-        click.option("-td", "--threads-draft", "draft_n_threads", type=click.IntRange(min=1), default=None,
+        click.option("-td", "--threads-draft", "draft_n_threads", type=Bounded("n_threads"), default=None,
                      help="CPU threads of the draft (default: as -t)."),
         click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(FLASH_ATTN_MODES),
                      default=_MODEL.flash_attn, show_default=True, help="Flash attention."),
@@ -172,9 +194,9 @@ def pair_options(func):
                      type=click.Choice(CACHE_TYPES), help="KV cache type of the keys (q8_0 halves it)."),
         click.option("-ctv", "--cache-type-v", "cache_type_v", default=_MODEL.cache_type_v, show_default=True,
                      type=click.Choice(CACHE_TYPES), help="KV cache type of the values."),
-        click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=_MODEL.main_gpu,
+        click.option("-mg", "--main-gpu", "main_gpu", type=Bounded("main_gpu"), default=_MODEL.main_gpu,
                      show_default=True, help="The GPU that holds the target's output (and the draft)."),
-        click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=click.IntRange(min=0), default=None,
+        click.option("-dev-draft", "--main-gpu-draft", "draft_main_gpu", type=Bounded("main_gpu"), default=None,
                      help="Put the draft on this GPU."),
         click.option("-sm", "--split-mode", "split_mode", type=click.Choice(SPLIT_MODES),
                      default=_MODEL.split_mode, show_default=True, help="How the target spreads over GPUs."),
@@ -189,11 +211,11 @@ def pair_options(func):
         click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
         click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
                      help=f"Draft-length policy [default: {_LOAD.policy}, or the --pair entry's]."),
-        click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", type=click.IntRange(min=0),
+        click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", type=Bounded("draft_max"),
                      default=None, help="Draft length (fixed) or its maximum (other policies)."),
-        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=click.IntRange(min=0), default=None,
+        click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=Bounded("draft_min"), default=None,
                      help="Shortest draft worth verifying (shorter ones are dropped)."),
-        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=click.FloatRange(0.0, 1.0, max_open=True), default=None,
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=Bounded("draft_p_min"), default=None,
                      help="Stop drafting when the draft's top probability falls below this."),
         click.option("--lookup", "drafter", flag_value="lookup+model", default=None,
                      help="Prompt lookup first, then the draft model."),
@@ -277,18 +299,18 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
         return functools.partial(sampler_options, max_tokens=max_tokens)
     options = [
         click.option("-n", "--n-predict", "--predict", "--max-tokens", "-n-predict", "max_tokens",
-                     type=click.IntRange(min=1), default=max_tokens, show_default=max_tokens is not None,
+                     type=Bounded("max_tokens"), default=max_tokens, show_default=max_tokens is not None,
                      help="Tokens to generate" + (" [default: until the context fills]." if max_tokens is None
                                                   else ".")),
-        click.option("--temp", "--temperature", "temperature", type=click.FloatRange(min=0.0), default=0.0,
+        click.option("--temp", "--temperature", "temperature", type=Bounded("temperature"), default=0.0,
                      show_default=True, help="Sampling temperature; 0 = greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--top-k", type=Bounded("top_k"), default=0, show_default=True,
                      help="Keep the k most likely tokens (0 = all)."),
-        click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True,
+        click.option("--top-p", type=Bounded("top_p"), default=1.0, show_default=True,
                      help="Keep the most likely tokens up to this total probability."),
-        click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+        click.option("--min-p", type=Bounded("min_p"), default=0.0, show_default=True,
                      help="Drop tokens less likely than this times the most likely one."),
-        click.option("-s", "--seed", type=click.IntRange(min=0), default=None,
+        click.option("-s", "--seed", type=Bounded("seed"), default=None,
                      help="Random seed (sampling is reproducible with one)."),
     ]
     for option in reversed(options):
@@ -439,9 +461,11 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
     tensor_split = None
     if opts.get("tensor_split"):
         try:
-            tensor_split = [float(x) for x in opts["tensor_split"].split(",")]
-        except ValueError:
-            raise click.BadParameter(f"not a list of numbers: {opts['tensor_split']!r}", param_hint="--tensor-split")
+            tensor_split = bounds.check_tensor_split(float(x) for x in opts["tensor_split"].split(","))
+        except ValueError as e:   # not numbers, or not shares (InvalidParameterError is a ValueError)
+            shown = opts["tensor_split"][:60]
+            raise click.BadParameter(str(e) if "tensor_split" in str(e) else f"not a list of numbers: {shown!r}",
+                                     param_hint="--tensor-split")
     config = LoadConfig().replace(**defaults).replace(
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"), n_ctx=opts.get("n_ctx"),
         n_batch=opts["n_batch"], n_threads=opts.get("n_threads"), draft_n_threads=opts.get("draft_n_threads"),

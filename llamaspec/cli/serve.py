@@ -6,27 +6,27 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import Command, fail, handle_errors, load_pair_from_options, pair_options
+from .options import Bounded, Command, fail, handle_errors, load_pair_from_options, pair_options
 
 
 @main.command(cls=Command)
 @pair_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; 0.0.0.0 exposes the server to your network.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="0 = any free port.")
+@click.option("--port", type=Bounded("port"), default=8080, show_default=True, help="0 = any free port.")
 @click.option("--api-key", envvar="LLAMASPEC_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every route but /health [env LLAMASPEC_API_KEY].")
 @click.option("--admin-key", envvar="LLAMASPEC_ADMIN_KEY", default=None,
               help="Key for /admin routes (default: the --api-key; without either, admin is off) "
                    "[env LLAMASPEC_ADMIN_KEY].")
 @click.option("--alias", "model_id", default=None, help="Model id clients use (default: the target file's name).")
-@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+@click.option("--max-queue", type=Bounded("max_queue"), default=16, show_default=True,
               help="Requests that may wait while one generates; beyond that: 429.")
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=4 << 20, show_default=True,
+@click.option("--max-body-bytes", type=Bounded("max_body_bytes"), default=4 << 20, show_default=True,
               help="Largest request body accepted (413 beyond).")
-@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--shutdown-timeout", type=Bounded("shutdown_timeout"), default=10.0, show_default=True,
               help="Seconds in-flight requests get to finish after Ctrl-C/SIGTERM before they are cancelled.")
-@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--read-timeout", type=Bounded("read_timeout"), default=30.0, show_default=True,
               help="Seconds a client gets to send a request's headers, and again its body (then 408 / closed).")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
               help="Accept this name in the Host header too (repeatable; '*': any). IP addresses, localhost and "

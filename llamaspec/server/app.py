@@ -243,12 +243,13 @@ class Service:
         if not self.pair.speculative:
             raise APIError(400, "this server runs without a drafter: there is no draft policy to change",
                            code="no_drafter")
-        settings = parse_policy_update(body, self.policy_settings)
+        n_batch = self.pair.target_ctx.n_batch
+        settings = parse_policy_update(body, self.policy_settings, n_batch)
         try:
             policy = make_policy(settings.get("policy") or "auto", k=settings.get("draft_max"),
-                                 k_min=settings.get("draft_min"), p_min=settings.get("draft_p_min"))
+                                 k_min=settings.get("draft_min"), p_min=settings.get("draft_p_min"), n_batch=n_batch)
         except InvalidParameterError as e:
-            raise invalid(_POLICY_PARAMS.get(e.param), str(e))
+            raise invalid(_POLICY_PARAMS.get(e.param, e.param), str(e))
         await asyncio.wrap_future(self.worker.set_policy(policy))
         self.policy_settings = settings
         return JSONResponse(self.policy_view())

@@ -2,16 +2,24 @@
 validation.py accepts them. A body that fits these schemas gets a 2xx, or a 400 only for what a schema cannot
 say (a prompt longer than the context, a token id beyond the vocabulary, a template that refuses the messages).
 
-Knows nothing about the app: it reads the limits from validation.py, and the tests hold the two together.
+Knows nothing about the app: it reads the limits from validation.py and bounds.py, and the tests hold the two together.
 """
 from __future__ import annotations
 
 from .. import __version__
+from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
 from .tools import MAX_TOOLS
 from .validation import MAX_MESSAGES, MAX_STOP, MAX_TOP_LOGPROBS
 
 REF = "#/components/schemas/"
+
+
+def _number(row: str, **extra) -> dict:
+    """The JSON schema of a number whose range is bounds.py's row (the upper end without what the model knows)."""
+    b = BOUNDS[row]
+    return {"type": "integer" if b.integer else "number", "exclusiveMinimum" if b.low_open else "minimum": b.low,
+            "exclusiveMaximum" if b.high_open else "maximum": b.upper(), **extra}
 
 
 def _nullable(schema: dict) -> dict:
@@ -26,14 +34,14 @@ _MESSAGE_TEXT = {"type": "string", "description": "Unicode text without lone sur
 
 _SAMPLING = {
     "model": _nullable({"type": "string", "description": "Ignored: the server serves one model."}),
-    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
-    "max_completion_tokens": _nullable({"type": "integer", "minimum": 1,
-                                        "description": "Wins over max_tokens when both are given."}),
-    "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
-    "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
-    "top_k": _nullable({"type": "integer", "minimum": 0}),
-    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-    "seed": _nullable({"type": "integer", "minimum": 0}),
+    "max_tokens": _nullable(_number("max_tokens")),
+    "max_completion_tokens": _nullable(_number("max_tokens",
+                                               description="Wins over max_tokens when both are given.")),
+    "temperature": _nullable(_number("temperature")),
+    "top_p": _nullable(_number("top_p")),
+    "top_k": _nullable(_number("top_k")),
+    "min_p": _nullable(_number("min_p")),
+    "seed": _nullable(_number("seed")),
     "stop": _nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "maxItems": MAX_STOP}]}),
     "stream": _nullable({"type": "boolean"}),
     "stream_options": _nullable({"type": "object", "properties": {
@@ -113,9 +121,10 @@ SCHEMAS = {
         **_SAMPLING}},
     "PolicyUpdate": {"type": "object", "additionalProperties": False, "properties": {
         "policy": _nullable({"enum": list(POLICY_NAMES)}),
-        "draft_max": _nullable({"type": "integer", "minimum": 0}),
-        "draft_min": _nullable({"type": "integer", "minimum": 0}),
-        "draft_p_min": _nullable({"type": "number", "minimum": 0, "exclusiveMaximum": 1})}},
+        "draft_max": _nullable(_number("draft_max",
+                                       description="At most the server's batch size (-b) less one.")),
+        "draft_min": _nullable(_number("draft_min")),
+        "draft_p_min": _nullable(_number("draft_p_min"))}},
     "Error": {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"], "properties": {
             "message": {"type": "string"}, "type": {"type": "string"},

@@ -1,7 +1,7 @@
 """Request parsing: a JSON body -> a GenerationRequest (or a policy update), every check naming the field at fault.
 
 Cheap and bounded: nothing here renders a template or tokenizes (the worker does, off the event loop). The limits
-(MAX_MESSAGES, MAX_STOP, the numeric ranges) are the ones the OpenAPI description in openapi.py publishes.
+(MAX_MESSAGES, MAX_STOP, and bounds.py's numeric ranges) are the ones the OpenAPI description in openapi.py publishes.
 Knows nothing about models, HTTP or the worker.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
 from .formats import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
@@ -81,6 +82,17 @@ def _optional(body: dict, name: str, check: Callable[[Any], bool], expected: str
     return value
 
 
+def _bounded(body: dict, name: str, row: str | None = None, default=None, known: dict | None = None):
+    """An optional number within its row of bounds.py (the CLI's and the library's range too)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    problem = BOUNDS[row or name].problem(value, known)
+    if problem is not None:
+        raise invalid(name, f"'{name}' {problem}"[:300])
+    return value
+
+
 # Fields llamaspec does not implement: accepted when they ask for the default behaviour, else 400. mirostat adapts
 # to the surprise of what was sampled, a per-request state speculation would have to replay; n, best_of and echo
 # would need several sequences or the prompt's own logits.
@@ -144,17 +156,13 @@ def _parse_stop(body: dict) -> list[str]:
 
 def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
     _optional(body, "model", lambda v: isinstance(v, str), "a string")
-    limits = [_optional(body, name, lambda v: is_int(v) and v >= 1, "an integer >= 1")
-              for name in ("max_completion_tokens", "max_tokens")]
+    limits = [_bounded(body, name, "max_tokens") for name in ("max_completion_tokens", "max_tokens")]
     max_tokens = next((n for n in limits if n is not None), None)  # the newer name wins when both are given
-    sampling = {
-        "temperature": float(_optional(body, "temperature", lambda v: is_number(v) and 0 <= v <= 2,
-                                       "a number in [0, 2]", 1.0)),
-        "top_p": float(_optional(body, "top_p", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", 1.0)),
-        "top_k": _optional(body, "top_k", lambda v: is_int(v) and v >= 0, "an integer >= 0", 0),
-        "min_p": float(_optional(body, "min_p", lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", 0.0)),
-        "seed": _optional(body, "seed", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
-    }
+    sampling = {"temperature": float(_bounded(body, "temperature", default=1.0)),
+                "top_p": float(_bounded(body, "top_p", default=1.0)),
+                "top_k": _bounded(body, "top_k", default=0),
+                "min_p": float(_bounded(body, "min_p", default=0.0)),
+                "seed": _bounded(body, "seed")}
     stream = _optional(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)
@@ -226,15 +234,16 @@ def parse_completion(body: dict) -> GenerationRequest:
     return _parse_common(body, check_text("prompt", prompt), "prompt")
 
 
-def parse_policy_update(body: dict, current: dict) -> dict:
-    """Merge an admin update into the current policy settings; types are checked here, ranges by make_policy."""
+def parse_policy_update(body: dict, current: dict, n_batch: int | None = None) -> dict:
+    """Merge an admin update into the current policy settings: each value within its row of bounds.py (a draft
+    no longer than one batch of `n_batch` verifies); how they combine is make_policy's check."""
     unknown = sorted(set(body) - set(POLICY_FIELDS))
     if unknown:
         raise invalid(unknown[0], f"unknown setting '{unknown[0]}'; settable: {', '.join(POLICY_FIELDS)}")
     _optional(body, "policy", lambda v: v in POLICY_NAMES, f"one of {', '.join(POLICY_NAMES)}")
-    for name in ("draft_max", "draft_min"):
-        _optional(body, name, lambda v: is_int(v) and v >= 0, "an integer >= 0")
-    _optional(body, "draft_p_min", is_number, "a number in [0, 1)")
+    known = {"n_batch": n_batch} if n_batch else None
+    for name in ("draft_max", "draft_min", "draft_p_min"):
+        _bounded(body, name, known=known)
     return {**current, **body}
 
 
