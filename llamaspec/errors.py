@@ -47,5 +47,10 @@ class DecodeError(LlamaspecError):
     """llama_decode failed mid-generation (the caches are rolled back to the last consistent point)."""
 
 
+class Cancelled(LlamaspecError):
+    """A long call (a load, a prefill, a prompt's tokenization) stopped because it was asked to: the request's
+    client left, or the server is stopping (interrupt.py)."""
+
+
 class RegistryError(LlamaspecError):
     """A named pair is unknown, models.toml is malformed, or its files cannot be found or downloaded."""

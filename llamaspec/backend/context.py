@@ -4,6 +4,7 @@ operation)."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import os
 import time
@@ -11,13 +12,17 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import interrupt
 from ..config import ModelConfig
-from ..errors import ContextOverflowError, DecodeError
+from ..errors import Cancelled, ContextOverflowError, DecodeError
 from ..sampling import Dist, SamplerConfig
 from .model import Model
-from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, default_threads, env_flag, llama_cpp, load_error,
-                     native_log, nextn_functions, supports_gpu_offload)
+from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, decode_stops, default_threads, env_flag, llama_cpp,
+                     load_error, native_log, nextn_functions, supports_gpu_offload)
 from .rollback import NoRollback, Rollback, choose_rollback
+
+STOPPABLE = 64   # decodes of this many tokens or more can be stopped midway (Context._stoppable)
+_NO_ABORT = llama_cpp.ggml_abort_callback()   # a NULL callback: llama.cpp no longer asks
 
 
 class Context(NativeHandle):
@@ -345,9 +350,30 @@ class Context(NativeHandle):
                 tokens, prefix = np.concatenate([np.asarray(replay, dtype=np.int32), tokens]), len(replay)
                 n = len(tokens)
         self._merged_from, self._prefix = (self.n_past if prefix else -1), prefix
+        if n < STOPPABLE:
+            return self._decode_chunks(tokens, logits, prefix)
+        with self._stoppable():
+            return self._decode_chunks(tokens, logits, prefix)
+
+    @contextlib.contextmanager
+    def _stoppable(self):
+        """A decode of n >= STOPPABLE tokens (a prefill, a catch-up) stops soon after a stop is requested
+        (interrupt.py): llama.cpp's CPU backend asks between graph nodes, and the chunk loop between chunks.
+        Shorter decodes (drafting, verification) never pay for a Python call per graph node."""
+        with interrupt.signals_stop():
+            llama_cpp.llama_set_abort_callback(self._ptr, decode_stops, None)
+            try:
+                yield
+            finally:
+                llama_cpp.llama_set_abort_callback(self._ptr, _NO_ABORT, None)
+
+    def _decode_chunks(self, tokens: np.ndarray, logits: str, prefix: int):
+        n = len(tokens)
         ptr = None
         start = 0
         while start < n:
+            if start and interrupt.requested():
+                raise Cancelled(f"stopped after {start} of {n} tokens")
             chunk = tokens[start:start + self.n_batch]
             m = len(chunk)
             last_chunk = start + m == n
@@ -413,8 +439,8 @@ class Context(NativeHandle):
         if rc == 1:
             raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
                                        f"(context {self.n_ctx})")
-        if rc == 2:
-            raise KeyboardInterrupt
+        if rc == 2:   # the abort callback said stop (interrupt.py)
+            raise Cancelled(f"stopped while decoding {m} tokens")
         raise DecodeError(f"llama_decode failed with code {rc}")
 
     def _logits_view(self, ptr, rows: int) -> np.ndarray:

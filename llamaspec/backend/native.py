@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 
+from .. import interrupt
 from ..config import CACHE_TYPES
 from ..errors import GPUOutOfMemoryError, ModelLoadError
 
@@ -65,6 +66,18 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
         sys.stderr.flush()
 
 
+@llama_cpp.llama_progress_callback
+def load_goes_on(progress, user_data):  # pragma: no cover - called from C
+    """A model load's progress callback: False (stop loading) once a stop is requested (interrupt.py)."""
+    return not interrupt.requested()
+
+
+@llama_cpp.ggml_abort_callback
+def decode_stops(user_data):  # pragma: no cover - called from C
+    """A CPU decode's abort callback, asked between graph nodes: True (abort) once a stop is requested."""
+    return interrupt.requested()
+
+
 def init_backend(verbose: bool | None = None) -> None:
     global _INITIALISED
     if verbose is not None:
@@ -79,11 +92,14 @@ def init_backend(verbose: bool | None = None) -> None:
 @contextlib.contextmanager
 def native_log():
     """Collect what llama.cpp logs while the block runs; yields the list of lines (live: a watcher may read it).
-    With verbose on, the lines reach stderr as well, afterwards."""
+    With verbose on, the lines reach stderr as well, afterwards. A Ctrl-C meanwhile stops the call where llama.cpp
+    asks (the progress callback of a load) and raises KeyboardInterrupt after the block (interrupt.py): raised in
+    the log callback, it would be printed and lost."""
     lines: list[str] = []
     _CAPTURES.append(lines)
     try:
-        yield lines
+        with interrupt.signals_stop():
+            yield lines
     finally:
         _CAPTURES.remove(lines)
         if _LOG_STATE["verbose"]:

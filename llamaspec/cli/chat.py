@@ -1,14 +1,17 @@
 """`llamaspec chat`: an interactive terminal chat with the target's own chat template.
 
 Both KV caches are reused across turns (the engine keeps what matches the new prompt's prefix), so a turn only
-prefills the new messages. Ctrl-C during a reply stops it; the partial reply stays in the history (the model can
-be asked to continue, and templates that insist on user/assistant alternation keep working). A reply stopped
-before its first token removes the user message again.
+prefills the new messages. Ctrl-C during a reply stops it (within a chunk of a long prefill); the partial reply
+stays in the history (the model can be asked to continue, and templates that insist on user/assistant alternation
+keep working). A reply stopped before its first token removes the user message again. Ctrl-C at the prompt clears
+the line; only Ctrl-D and /exit quit, and the conversation is then saved (chats_dir()) so no key press loses it.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -27,9 +30,23 @@ HELP = f"""Commands:
   /policy NAME    draft-length policy: auto, fixed, confidence, threshold
   /temp X         sampling temperature (0 = greedy)
   /save FILE      write the conversation as JSON
+  /load FILE      go on with a conversation /save wrote
   /help           this text
-  /exit           quit (Ctrl-D too)
-Ctrl-C stops a reply. Start a message with {MULTILINE} to type several lines; end it with {MULTILINE}."""
+  /exit           quit (Ctrl-D too); the conversation is saved first
+Ctrl-C stops a reply, or clears the line. Start a message with {MULTILINE} to type several lines; end it with {MULTILINE}."""
+
+
+CHAT_DIR_ENV = "LLAMASPEC_CHAT_DIR"
+
+
+def chats_dir() -> Path:
+    """Where a conversation is saved on exit: $LLAMASPEC_CHAT_DIR, else the user data folder's chats/
+    (~/.local/share/llamaspec/chats on Linux)."""
+    if os.environ.get(CHAT_DIR_ENV):
+        return Path(os.environ[CHAT_DIR_ENV]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("llamaspec")) / "chats"
 
 
 def dim(text: str) -> str:
@@ -106,6 +123,10 @@ class ChatSession:
             sampler["max_tokens"] = self.pair.n_ctx
         try:
             pieces = self.pair.stream(self.prompt_tokens(), **sampler)
+        except KeyboardInterrupt:
+            self.messages.pop()
+            click.echo(dim("\n[stopped]"))
+            return
         except LlamaspecError as e:
             self.messages.pop()
             click.echo(f"error: {e}", err=True)
@@ -167,11 +188,17 @@ class ChatSession:
         arg = arg.strip()
         handler = {"/exit": self.cmd_exit, "/quit": self.cmd_exit, "/help": self.cmd_help, "/stats": self.cmd_stats,
                    "/reset": self.cmd_reset, "/k": self.cmd_k, "/policy": self.cmd_policy, "/temp": self.cmd_temp,
-                   "/save": self.cmd_save}.get(name)
+                   "/save": self.cmd_save, "/load": self.cmd_load}.get(name)
         if handler is None:
             click.echo(f"unknown command {name}; /help lists them")
             return True
-        return handler(arg) is not False
+        from ..errors import LlamaspecError
+
+        try:
+            return handler(arg) is not False
+        except (LlamaspecError, ValueError, OSError) as e:   # a bad argument: one line, the chat goes on
+            click.echo(f"error: {name}: {e}")
+            return True
 
     def cmd_exit(self, arg):
         return False
@@ -198,13 +225,15 @@ class ChatSession:
         return True
 
     def cmd_k(self, arg):
+        from .. import bounds
         from ..policy import FixedPolicy
 
-        if not arg.isdigit():
+        if not (arg.isascii() and arg.isdigit()):
             click.echo("usage: /k N  (a draft length; 0 = plain decoding)")
         elif self._needs_draft():
-            self.pair.set_policy(FixedPolicy(int(arg)))
-            click.echo(dim(f"[draft length {int(arg)}, fixed]"))
+            k = bounds.check("draft_max", int(arg), {"n_batch": self.pair.target_ctx.n_batch}, param="N")
+            self.pair.set_policy(FixedPolicy(k))
+            click.echo(dim(f"[draft length {k}, fixed]"))
 
     def cmd_policy(self, arg):
         from ..errors import InvalidParameterError
@@ -225,55 +254,97 @@ class ChatSession:
         click.echo(dim(f"[policy {arg}, next draft length {self.pair.policy.next_draft_len()}]"))
 
     def cmd_temp(self, arg):
+        from .. import bounds
+
         try:
-            value = float(arg)
+            value = float(arg) if arg.isascii() else None
         except ValueError:
-            value = -1.0
-        if not value >= 0.0:
-            click.echo("usage: /temp X  (X >= 0; 0 = greedy)")
+            value = None
+        if value is None:
+            click.echo("usage: /temp X  (0 = greedy)")
             return
-        self.sampler["temperature"] = value
+        self.sampler["temperature"] = bounds.check("temperature", value, param="X")
         click.echo(dim(f"[temperature {value:g}]"))
 
     def cmd_save(self, arg):
         if not arg:
             click.echo("usage: /save FILE")
             return
+        path = self.save(Path(arg).expanduser())
+        if path is not None:
+            click.echo(dim(f"[saved {len(self.messages)} messages to {path}]"))
+
+    def save(self, path: Path) -> Path | None:
+        """Write the conversation as JSON (what /load reads); None, with one line said, when it cannot."""
         record = {"model": str(self.pair.target.path),
                   "draft": str(self.pair.draft.path) if self.pair.draft is not None else None,
                   "system": self.system, "messages": self.messages,
                   "sampler": {k: v for k, v in self.sampler.items() if k != "max_tokens"}}
-        path = Path(arg).expanduser()
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as e:
-            click.echo(f"error: cannot write {path}: {e.strerror or e}")
+            click.echo(f"error: cannot write {path}: {e.strerror or e}", err=True)
+            return None
+        return path
+
+    def cmd_load(self, arg):
+        if not arg:
+            click.echo("usage: /load FILE")
             return
-        click.echo(dim(f"[saved {len(self.messages)} messages to {path}]"))
+        path = Path(arg).expanduser()
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise OSError(f"cannot read {path}: {e.strerror or e}") from None
+        except (ValueError, RecursionError):
+            raise ValueError(f"{path} is not a conversation /save wrote (not JSON)") from None
+        messages = record.get("messages") if isinstance(record, dict) else None
+        system = record.get("system") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not all(
+                isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+                for m in messages) or not isinstance(system, (str, type(None))):
+            raise ValueError(f"{path} is not a conversation /save wrote (no list of {{role, content}} messages)")
+        self.messages, self.system, self.last_stats = messages, system, None
+        click.echo(dim(f"[loaded {len(messages)} messages from {path}]"))
+
+    def save_on_exit(self) -> None:
+        if self.messages:
+            path = self.save(chats_dir() / time.strftime("chat-%Y%m%d-%H%M%S.json"))
+            if path is not None:
+                click.echo(dim(f"[conversation saved to {path}; /load it to go on]"))
 
     # -- the loop -------------------------------------------------------------------------------------------
     def loop(self) -> None:
+        """Turns until Ctrl-D or /exit; Ctrl-C clears the line being typed (or stops what runs) and goes on."""
         while True:
             try:
-                line = read_message()
-            except (EOFError, KeyboardInterrupt):
+                if not self.turn():
+                    return
+            except KeyboardInterrupt:
+                click.echo()
+            except EOFError:
                 click.echo()
                 return
-            except UnicodeDecodeError as e:  # stdin under a UTF-8 locale
-                click.echo(f"error: the message is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
-                           "nothing was sent", err=True)
-                continue
-            problem = not_utf8(line)
-            if problem is not None:
-                click.echo(f"error: the message is not valid UTF-8 ({problem}); nothing was sent", err=True)
-                continue
-            if not line.strip():
-                continue
-            if line.startswith("/") and not line.startswith("//"):
-                if not self.command(line):
-                    return
-                continue
-            self.reply(line[1:] if line.startswith("//") else line)
+
+    def turn(self) -> bool:
+        """Read one message and answer it; False means quit."""
+        try:
+            line = read_message()
+        except UnicodeDecodeError as e:  # stdin under a UTF-8 locale
+            click.echo(f"error: the message is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
+                       "nothing was sent", err=True)
+            return True
+        problem = not_utf8(line)
+        if problem is not None:
+            click.echo(f"error: the message is not valid UTF-8 ({problem}); nothing was sent", err=True)
+            return True
+        if not line.strip():
+            return True
+        if line.startswith("/") and not line.startswith("//"):
+            return self.command(line)
+        self.reply(line[1:] if line.startswith("//") else line)
+        return True
 
 
 def _enable_line_editing() -> None:
@@ -316,6 +387,9 @@ def chat(system, reasoning, **opts):
         _enable_line_editing()
         if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the loop's check, one line each
             sys.stdin.reconfigure(errors="surrogateescape")
-        session.loop()
+        try:
+            session.loop()
+        finally:
+            session.save_on_exit()
     finally:
         pair.close()

@@ -1,12 +1,14 @@
 """`llamaspec serve`: an OpenAI-compatible HTTP endpoint (click code only; the app lives in llamaspec.server)."""
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import click
 
 from . import main
-from .options import Bounded, Command, fail, handle_errors, load_pair_from_options, pair_options
+from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, load_pair_from_options, pair_options
 
 
 @main.command(cls=Command)
@@ -70,6 +72,11 @@ def serve(**opts):
                    on_ready=lambda: click.echo(ready, err=True))
         click.echo("llamaspec serve: stopped", err=True)
     finally:
-        # the worker thread must be idle before the models are freed; if it hangs, the process exit frees them
+        # the worker thread must be idle before the models are freed; one that does not stop (stuck inside
+        # llama.cpp) must not meet an interpreter that is shutting down: leave at once, the OS frees the models
         if service is None or service.stop():
             pair.close()
+        else:
+            click.echo("error: the worker did not stop; exiting without freeing the models", err=True)
+            sys.stderr.flush()
+            os._exit(EXIT_ERROR)

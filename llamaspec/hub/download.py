@@ -92,8 +92,10 @@ def remove(ref: ModelRef) -> int:
         return 0
     storage = hf_cache_dir() / ("models--" + ref.repo.replace("/", "--"))
     snapshots = storage / "snapshots"
-    pointers = [p for p in snapshots.glob(f"*/{ref.file}") if p.is_symlink() or p.is_file()]
-    blobs = {p.resolve() for p in pointers if p.is_symlink()}
+    # the registry refuses file names that leave the repo (registry.check_repo_file); never delete outside anyway
+    pointers = [p for p in snapshots.glob(f"*/{ref.file}") if (p.is_symlink() or p.is_file())
+                and _inside(p.parent.resolve(), snapshots.resolve())]
+    blobs = {p.resolve() for p in pointers if p.is_symlink() and _inside(p.resolve(), (storage / "blobs").resolve())}
     freed = 0
     for pointer in pointers:
         if not pointer.is_symlink():  # a copy where symlinks are not available
@@ -105,6 +107,10 @@ def remove(ref: ModelRef) -> int:
             freed += blob.stat().st_size
             blob.unlink()
     return freed
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
 def _existing_local(ref: ModelRef) -> Path:

@@ -290,11 +290,25 @@ def _parse_model(where: str, role: str, table: dict, base_dir: Path, optional: b
         raise RegistryError(f"{where}: {role} needs both repo and file")
     if not _REPO_RE.fullmatch(ref.repo):
         raise RegistryError(f"{where}: {role} repo {ref.repo!r} is not of the form owner/name")
+    for key in ("file", "revision"):
+        problem = inside_repo_problem(getattr(ref, key)) if getattr(ref, key) is not None else None
+        if problem:
+            raise RegistryError(f"{where}: {role} {key} {getattr(ref, key)!r} {problem}")
     if not ref.file.endswith(".gguf"):
         raise RegistryError(f"{where}: {role} file {ref.file!r} is not a .gguf file")
     if _SPLIT_RE.search(ref.file):
         raise RegistryError(f"{where}: {role} file {ref.file!r} is one part of a split GGUF; pick a single-file quant")
     return ref
+
+
+def inside_repo_problem(name: str) -> str | None:
+    """Why `name` (a file or a revision) is not a plain relative name inside a repository's cache folder, or
+    None: it must stay in the Hugging Face cache, whatever models.toml says."""
+    if not name or "\\" in name or "\0" in name or name.startswith(("/", "~")) or re.match(r"[A-Za-z]:", name):
+        return "must be a relative name inside the repository"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "must not contain '..', '.' or empty path parts (it names a file inside the repository)"
+    return None
 
 
 def _typed(where: str, key: str, value, spec):

@@ -264,10 +264,16 @@ class Service:
             self.stop()
 
     def begin_shutdown(self, grace: float) -> None:
-        """A stop signal arrived: take no new requests; in-flight ones get `grace` seconds, then are cancelled."""
+        """A stop signal arrived: take no new requests; in-flight ones get `grace` seconds, then are cancelled (a
+        prefill too, within a chunk). A second signal cancels them at once."""
         if self.stopping:
+            self.worker.cancel_all()
             return
         self.stopping = True
+        busy = sum(self.worker.depth)
+        if busy and grace > 0:
+            print(f"llamaspec serve: stopping; {busy} request(s) in flight get {grace:g} s (Ctrl-C again to cut "
+                  "them now)", file=sys.stderr, flush=True)
         self.worker.refuse_new()
         timer = threading.Timer(grace, self.worker.cancel_all)
         timer.daemon = True
@@ -403,9 +409,17 @@ def serve(app: Starlette, sock: socket.socket, shutdown_timeout: float = 10.0, a
             if on_ready is not None and not self.should_exit:
                 on_ready()
 
+        signals = 0
+
         def handle_exit(self, sig, frame):
+            # the first signal stops taking requests, the second cuts the running one (its client still gets a
+            # final chunk or an error); only a third is uvicorn's force quit, which drops open answers
             service.begin_shutdown(shutdown_timeout)
-            super().handle_exit(sig, frame)
+            self.signals += 1
+            if self.signals <= 2:
+                self.should_exit = True
+            else:
+                super().handle_exit(sig, frame)
 
     # uvicorn's own deadline is only a backstop: our cancellation ends requests cleanly before it
     config = uvicorn.Config(app, log_level="info" if access_log else "warning", access_log=access_log,

@@ -15,11 +15,12 @@ from typing import Callable
 from starlette.responses import JSONResponse, Response
 
 from ..chat_template import ChatTemplateError
-from ..errors import ContextOverflowError, InvalidParameterError, LlamaspecError
+from ..errors import Cancelled, ContextOverflowError, InvalidParameterError, LlamaspecError
 from .timings import timings
 from .tools import ToolStream, parse_tool_calls
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "length"}
+# "cancelled": the reply was cut (the server is stopping); not OpenAI's, which has no word for it
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
 
 
 class APIError(Exception):
@@ -50,6 +51,8 @@ def error_for(exc: BaseException, prompt_field: str) -> APIError:
         return APIError(400, str(exc), param=prompt_field, code="context_length_exceeded")
     if isinstance(exc, InvalidParameterError):
         return APIError(400, str(exc), param=exc.param or prompt_field, code="invalid_value")
+    if isinstance(exc, Cancelled):
+        return APIError(503, "the server is shutting down", code="shutting_down", kind="server_error")
     if isinstance(exc, ChatTemplateError):
         return APIError(400, str(exc), param=getattr(exc, "param", None) or prompt_field, code="chat_template_error")
     if isinstance(exc, LlamaspecError):

@@ -31,8 +31,7 @@ CHUNK_CHARS = 32768    # plain text handed to llama.cpp at once (a BPE vocabular
 _C_SPACE = " \t\n\v\f\r"   # what llama.cpp's isspace() strips around lstrip/rstrip tokens
 
 
-class Cancelled(Exception):
-    """The request was cancelled while its prompt was being tokenized."""
+from ..errors import Cancelled  # noqa: E402,F401  (raised when a request is cancelled during its tokenization)
 
 
 def _trie_regex(texts: Iterable[str]) -> re.Pattern | None:
@@ -203,7 +202,7 @@ class _Count:
 
     def check_cancelled(self) -> None:
         if self.cancelled is not None and self.cancelled.is_set():
-            raise Cancelled()
+            raise Cancelled("the request was cancelled while its prompt was being tokenized")
 
 
 # -----------------------------------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ import traceback
 from typing import Any
 
 from ..chat_template import ChatTemplate
-from ..errors import InvalidParameterError, LlamaspecError
+from ..errors import Cancelled, InvalidParameterError, LlamaspecError
+from ..interrupt import cancel_when
 from ..shaping import Penalties, Shaping
 from .formats import APIError
 from .metrics import ServerMetrics
 from ..reasoning import ThinkSplitter, opens_thinking
-from .prompt import Cancelled, PromptTokenizer, chat_segments
+from .prompt import PromptTokenizer, chat_segments
 from .tools import family_of, forced_call_gbnf, forced_call_schema
 from .validation import GenerationRequest
 
@@ -84,8 +85,8 @@ class Worker:
         return True
 
     def cancel(self, job: Job) -> None:
-        """Drop a waiting job at once; a running one stops at its next token (or its next tokenizer chunk).
-        Harmless on a finished job."""
+        """Drop a waiting job at once; a running one stops at its next token, its next tokenizer chunk, or within
+        its prefill (interrupt.py). Harmless on a finished job."""
         job.cancelled.set()
         with self._lock:
             self._queued.pop(id(job), None)
@@ -135,7 +136,8 @@ class Worker:
                     continue  # cancelled while waiting
                 self._running = item
             try:
-                self._run(item)
+                with cancel_when(item.cancelled):   # a long prefill stops within a graph node or a chunk
+                    self._run(item)
             except Exception:  # never let one request take the worker down
                 traceback.print_exc(file=sys.stderr)
                 item.emit("error", APIError(500, "internal error", kind="server_error"))
@@ -188,7 +190,7 @@ class Worker:
             job.emit("error", e)
             return
         job.emit("start")
-        error = None
+        error, emitted = None, False
         emit = reply_emitter(job, req.chat and self.prompt_opens_thinking)
         n_tokens = 0
         try:
@@ -200,11 +202,17 @@ class Worker:
                     emit(piece.text)
                 elif piece.text:
                     job.emit("text", piece.text)
+                emitted = emitted or bool(piece.text)
                 self._apply_policies()
                 if job.cancelled.is_set():
                     break
             if req.chat:
                 emit(None)
+        except Cancelled:  # stopped in a prefill or a catch-up: the reply ends as cut ("cancelled")
+            if req.chat:
+                emit(None)
+            if not (req.stream or emitted):
+                error = APIError(503, "the server is shutting down", code="shutting_down", kind="server_error")
         except Exception as e:  # a decode failure (or a bug): the engine has rolled its caches back already
             if not isinstance(e, LlamaspecError):
                 traceback.print_exc(file=sys.stderr)
