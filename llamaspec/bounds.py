@@ -97,7 +97,7 @@ def _gpus(known: Mapping) -> int:
 
 _ROWS = [
     # loading (config.ModelConfig / LoadConfig, the CLI's pair options, the server's start-up)
-    Bound("n_ctx", 16, _ctx, "a KV cache this machine's memory can hold, and at most 2^24"),
+    Bound("n_ctx", 16, _ctx, "its KV cache must fit in the memory free now, and at most 2^24"),
     Bound("n_batch", 1, MAX_BATCH, "llama.cpp's compute buffers grow with the batch"),
     Bound("n_threads", 1, lambda known: cpu_count(), "this machine's logical CPUs"),
     Bound("n_gpu_layers", -1, (1 << 31) - 1, "llama.cpp's 32-bit layer count"),

@@ -9,7 +9,7 @@ from . import bounds
 from .config import MTP_DRAFTERS, LoadConfig, ModelConfig
 from .drafters import make_drafter
 from .engine import Pair
-from .errors import InvalidParameterError, UnsupportedModelError
+from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from .gguf.hidden_pair import HIDDEN_DRAFT_ARCHS, check_hidden_pair
 from .gguf.reader import ModelInfo, check_pair, read_model_info
 from .policy import DraftPolicy, make_policy
@@ -79,7 +79,15 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     if draft is not None or config.drafter != "model":
         target_config = target_config.replace(n_rs_seq=rs_snapshots(target_config, policy_obj))
     target_model = Model(target, target_config, info=target_info)
-    target_ctx = Context(target_model, target_config)
+    try:
+        target_ctx = Context(target_model, target_config)
+        if not target_ctx.logits_finite():   # one token, once per load: a damaged file gives NaN everywhere
+            target_ctx.close()
+            raise ModelFileError(f"{target}: the model computes non-finite logits (NaN or infinity); its weights "
+                                 "are damaged: download or convert it again")
+    except BaseException:
+        target_model.close()
+        raise
     if draft is None and config.drafter == "model":
         return Pair(target_model, target_ctx, None, policy_obj)
     if not target_ctx.rollback.speculative:
@@ -143,14 +151,14 @@ def _ready(pair: Pair, config: LoadConfig) -> Pair:
 
 
 def check_placement(info: ModelInfo, config: ModelConfig, found) -> None:
-    """The context's KV cache fits in this machine's RAM and GPU memory together, and main_gpu names a GPU that
-    exists (the rows: bounds.py). `found`: the backend's devices."""
+    """The context's KV cache fits in the memory this machine has free (RAM and GPUs together), and main_gpu names
+    a GPU that exists (the rows: bounds.py). `found`: the backend's devices."""
     from .gguf.memory import Settings, kv_cache_bytes
-    from .sysinfo import total_ram_bytes
+    from .sysinfo import available_ram_bytes
 
     gpus = [d for d in found if d.kind == "gpu"]
     per_token = kv_cache_bytes(info, Settings(n_ctx=1, type_k=config.cache_type_k, type_v=config.cache_type_v))
-    memory = (total_ram_bytes() or 0) + sum(d.total for d in gpus)
+    memory = (available_ram_bytes() or 0) + sum(d.free for d in gpus)
     known = {"n_gpus": len(gpus)}
     if per_token > 0 and memory > 0:
         known["n_ctx_memory"] = memory // per_token

@@ -102,6 +102,18 @@ def total_ram_bytes() -> int | None:
         return None
 
 
+def available_ram_bytes() -> int | None:
+    """Memory the kernel could give now without swapping (MemAvailable), else the total."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total_ram_bytes()
+
+
 def cpu_features(llama_system_info: str) -> list[str]:
     """The features llama.cpp reports as on, from `CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | ...`."""
     return [name.strip() for name, value in re.findall(r"([A-Za-z0-9_]+)\s*=\s*(\d+)", llama_system_info)

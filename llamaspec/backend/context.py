@@ -509,6 +509,17 @@ class Context(NativeHandle):
         else:
             self.n_pending = self.n_past - reached
 
+    def logits_finite(self) -> bool:
+        """Whether one token decoded into the empty memory gives finite logits (damaged weights give NaN for every
+        token); the memory is empty again afterwards and the decode is not counted."""
+        calls, seconds = self.decode_calls, self.decode_seconds
+        try:
+            row = self.eval([max(self.model.bos, 0)], "last")[0]
+            return bool(np.isfinite(row).all())
+        finally:
+            self.clear()
+            self.decode_calls, self.decode_seconds = calls, seconds
+
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
         self.tokens.clear()

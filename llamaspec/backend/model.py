@@ -171,3 +171,18 @@ class Model(NativeHandle):
             llama_cpp.llama_model_free(self._ptr)
             self._ptr = None
 
+
+def check_loads(path: str | os.PathLike) -> None:
+    """What llama.cpp's loader says about a file without reading its weights (vocab_only: the architecture and its
+    keys, the vocabulary, the pre-tokenizer): the refusals a load gives, for `llamaspec check`'s verdict to be
+    `run`'s. Raises ModelLoadError with llama.cpp's reason. Read the header first (read_model_info): it refuses
+    what would make llama.cpp abort."""
+    init_backend()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    params.progress_callback = load_goes_on
+    with native_log() as log:
+        ptr = llama_cpp.llama_model_load_from_file(str(Path(path).expanduser()).encode("utf-8"), params)
+    if not ptr:
+        raise load_error("".join(log), f"{path}: llama.cpp could not load this model", "")
+    llama_cpp.llama_model_free(ptr)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
@@ -141,6 +142,11 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..policy import make_policy
 
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
+    from ..backend.model import check_loads
+
+    for info in (target_info, draft_info):   # llama.cpp's own refusals, as `run` meets them (no weights read)
+        if info is not None and Path(info.path).is_file():   # a header read from the hub has no file here
+            check_loads(info.path)
     mtp = mtp_head_memory(target_info, Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k,
                                                 type_v=cache_type_v, flash_attn=flash_attn != "off"))
     settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,

@@ -48,6 +48,7 @@ GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64
 INT64_MAX = 2**63 - 1
 # Large arrays nobody here needs as Python objects: skipped, only their length is kept.
+MAX_HEADER_ITEM = 1 << 32   # bytes or elements: a header string or array beyond 4 GiB is a corrupt length
 _SKIPPED_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
@@ -199,6 +200,8 @@ class _Cursor:
             raise HeaderIncomplete(f"{self.path}: the header goes on past byte {len(self.buf)}", end)
 
     def need(self, n: int) -> None:
+        if n > MAX_HEADER_ITEM:   # a flipped bit, not a cut-off download
+            raise self.corrupt(f"a length of {n:,} bytes, more than any header item holds")
         self._past_prefix(self.pos + n)
         if self.pos + n > len(self.buf):
             raise ModelFileError(
@@ -213,6 +216,8 @@ class _Cursor:
         """An element count that the rest of the file can hold (a cut-off download looks the same as a lie)."""
         self._past_prefix(self.pos + n * min_item_bytes)
         left = len(self.buf) - self.pos
+        if n > MAX_HEADER_ITEM:
+            raise self.corrupt(f"{what} is {n:,}, more than any header holds")
         if n * min_item_bytes > left:
             raise ModelFileError(f"{self.path}: truncated or corrupt GGUF file ({what} is {n:,}, more than the "
                                  f"{left:,} bytes after byte {self.pos} hold); download it again")
@@ -239,7 +244,11 @@ class _Cursor:
             if pos + 8 > end:
                 self.pos = pos
                 self.need(8)
-            pos += 8 + unpack("<Q", buf, pos)[0]
+            n = unpack("<Q", buf, pos)[0]
+            if n > MAX_HEADER_ITEM:
+                self.pos = pos
+                self.need(n)
+            pos += 8 + n
         self.pos = pos
         self.need(0)
 
