@@ -61,7 +61,8 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
         _LOG_STATE["last_level"] = level
     if _CAPTURES:
         _CAPTURES[-1].append(message)
-    elif _LOG_STATE["verbose"] or _LOG_STATE["last_level"] == _LOG_ERROR:
+    elif _LOG_STATE["verbose"] or _LOG_STATE["last_level"] == _LOG_ERROR and not interrupt.requested():
+        # (a decode stopped on request logs its failure as an error: that is no news to whoever asked)
         sys.stderr.write(message)
         sys.stderr.flush()
 
