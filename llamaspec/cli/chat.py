@@ -310,7 +310,12 @@ class ChatSession:
 
     def save_on_exit(self) -> None:
         if self.messages:
-            path = self.save(chats_dir() / time.strftime("chat-%Y%m%d-%H%M%S.json"))
+            stem, n = time.strftime("chat-%Y%m%d-%H%M%S"), 1
+            path = chats_dir() / f"{stem}.json"
+            while path.exists():
+                n += 1
+                path = chats_dir() / f"{stem}-{n}.json"
+            path = self.save(path)
             if path is not None:
                 click.echo(dim(f"[conversation saved to {path}; /load it to go on]"))
 
