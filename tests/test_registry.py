@@ -494,3 +494,26 @@ def test_engine_loads_the_test_pair_by_name(real_models):
     with load_pair("test", n_ctx=256, n_gpu_layers=0) as pair:
         assert pair.draft is not None
         assert len(pair.generate("def add(a, b):", max_tokens=4).tokens) == 4
+
+
+@pytest.mark.parametrize("name", ["../outside.gguf", "/etc/x.gguf", "a/../../x.gguf", "~/x.gguf", "a\\b.gguf",
+                                  "./x.gguf", "a//x.gguf"])
+def test_a_file_name_leaving_the_cache_is_refused_when_models_toml_is_read(name, tmp_path):
+    outside = write_gguf(tmp_path / "outside.gguf")
+    write_user_toml(f'[pairs.evil]\ntarget = {{ repo = "a/b", file = {name!r} }}\ndraft_path = "{outside}"\n'
+                    .replace("'", '"').replace("\\", "\\\\"))
+    with pytest.raises(RegistryError, match=r"pair 'evil': target file .* (must be a relative name|must not contain)"):
+        registry.load_registry()
+    for args in (["list"], ["show", "evil"], ["path", "evil"], ["rm", "evil"]):
+        result = models_cli(*args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.output
+        assert "Traceback" not in result.output
+    assert outside.exists()   # `models rm` deleted nothing
+
+
+def test_a_revision_leaving_the_cache_is_refused():
+    write_user_toml('[pairs.evil]\ntarget = { repo = "a/b", file = "t.gguf", revision = "../../x" }\n'
+                    'draft = { repo = "a/c", file = "d.gguf" }\n')
+    with pytest.raises(RegistryError, match="target revision '../../x' must not contain '..'"):
+        registry.load_registry()
