@@ -48,6 +48,20 @@ def _catch(signum, frame) -> None:
     _caught.append(signum)
 
 
+def terminate(signum, frame):
+    """A SIGTERM handler for a command's lifetime: exit 143 through the `finally` blocks (the models are freed),
+    where the default action would end the process at once; signals_stop takes over from it during a call."""
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """Install `terminate` for SIGTERM, unless someone else handles it (main thread only)."""
+    sigterm = getattr(signal, "SIGTERM", None)
+    if sigterm is not None and threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(sigterm) == signal.SIG_DFL:
+        signal.signal(sigterm, terminate)
+
+
 @contextlib.contextmanager
 def signals_stop():
     """Run a call into llama.cpp so that Ctrl-C or SIGTERM stops it (through `requested()`) and then raises
@@ -57,7 +71,7 @@ def signals_stop():
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             handler = signal.getsignal(sig)
-            if handler in (signal.default_int_handler, signal.SIG_DFL):
+            if handler in (signal.default_int_handler, signal.SIG_DFL, terminate):
                 previous[sig] = signal.signal(sig, _catch)
     try:
         yield

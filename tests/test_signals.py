@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,8 +109,11 @@ def test_a_signal_during_the_load_stops_it(pair, tmp_path, sig):
         proc = subprocess.Popen([sys.executable, "-m", "llamaspec", "serve", "-m", str(pair["target"]), "-md",
                                  str(pair["noisy"]), "--port", "0"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err)
-    time.sleep(2.5)   # past the imports, inside the loads
-    assert proc.poll() is None
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while str(pair["target"]) not in maps.read_text():   # llama.cpp has mapped the file: the load is under way
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
     proc.send_signal(sig)
     ends_cleanly(proc, log.read_text, 130 if sig == signal.SIGINT else 143)
     text = log.read_text()

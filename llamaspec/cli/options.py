@@ -142,6 +142,9 @@ def handle_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         debug = kwargs.pop("debug", False)
+        from ..interrupt import exit_on_sigterm
+
+        exit_on_sigterm()   # SIGTERM ends a command through its finally blocks (exit 143), like Ctrl-C (130)
         try:
             return func(*args, **kwargs)
         except LlamaspecError as e:
