@@ -16,7 +16,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}
 VALUES = [0, 1, -1, 2, 511, 512, 2**31, 2**63, 2**64, 2**70, 10**9, 10**30, 10**400, 0.5, -0.0, 1e308, 3.5,
           "NaN", "Infinity", "-Infinity", "7", True, None, [], {}]
-REQUEST_FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed"]
+REQUEST_FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                  "repeat_penalty", "frequency_penalty", "presence_penalty", "repeat_last_n", "n_probs",
+                  "top_logprobs", "logprobs"]
 ADMIN_FIELDS = ["draft_max", "draft_min", "draft_p_min"]
 RSS_GROWTH_LIMIT_KIB = 300 * 1024
 

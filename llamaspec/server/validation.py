@@ -54,7 +54,8 @@ def is_int(x) -> bool:
 
 
 def is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    # an int of any size is finite (math.isfinite would overflow converting 10**400 to a float)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (isinstance(x, int) or math.isfinite(x))
 
 
 def _shown(value) -> str:
