@@ -36,6 +36,7 @@ class Bound:
     integer: bool = True
     low_open: bool = False
     high_open: bool = False
+    least_positive: float = 0.0  # a value above `low` must be at least this (a temperature of 1e-300 overflows)
 
     def upper(self, known: Mapping | None = None) -> float:
         return self.high(known or {}) if callable(self.high) else self.high
@@ -59,6 +60,8 @@ class Bound:
             return f"must be {self.describe(known)}, got {_shown(value)}"
         if not (value < high if self.high_open else value <= high):
             return f"must be {self.describe(known)}: {self.why}; got {_shown(value)}"
+        if self.low < value < self.least_positive:
+            return f"must be {_num(self.low)} or at least {self.least_positive:g}, got {_shown(value)}"
         return None
 
     def describe(self, known: Mapping | None = None) -> str:
@@ -110,7 +113,7 @@ _ROWS = [
     Bound("draft_p_min", 0.0, 1.0, "a probability", integer=False, high_open=True),
     # sampling (sampling.SamplerConfig, the CLI's sampler options, the server's request fields)
     Bound("max_tokens", 1, MAX_CTX, "no context holds more"),
-    Bound("temperature", 0.0, MAX_TEMPERATURE, "OpenAI's range", integer=False),
+    Bound("temperature", 0.0, MAX_TEMPERATURE, "OpenAI's range", integer=False, least_positive=1e-6),
     Bound("top_k", 0, MAX_TOP_K, "more than any vocabulary"),
     Bound("top_p", 0.0, 1.0, "a probability", integer=False, low_open=True),
     Bound("min_p", 0.0, 1.0, "a probability", integer=False),

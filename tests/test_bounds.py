@@ -56,7 +56,7 @@ def test_the_cli_the_library_and_the_server_agree_on_a_range():
     from llamaspec.server.formats import APIError
 
     for row, value in [("draft_max", 2**70), ("draft_max", 10**9), ("top_k", 10**30), ("seed", 10**400),
-                       ("seed", -1), ("temperature", math.inf), ("temperature", 2.5), ("max_tokens", 2**40)]:
+                       ("seed", -1), ("temperature", math.inf), ("temperature", 2.5), ("temperature", 2e-251), ("max_tokens", 2**40)]:
         expected = bounds.BOUNDS[row].problem(value, {"n_batch": 512})   # the default batch
         assert expected is not None
         with pytest.raises(InvalidParameterError) as library:

@@ -18,7 +18,11 @@ REF = "#/components/schemas/"
 def _number(row: str, **extra) -> dict:
     """The JSON schema of a number whose range is bounds.py's row (the upper end without what the model knows)."""
     b = BOUNDS[row]
-    return {"type": "integer" if b.integer else "number", "exclusiveMinimum" if b.low_open else "minimum": b.low,
+    kind = "integer" if b.integer else "number"
+    if b.least_positive:   # the lower end, or at least least_positive
+        return {"anyOf": [{"type": kind, "const": b.low},
+                          {"type": kind, "minimum": b.least_positive, "maximum": b.upper()}], **extra}
+    return {"type": kind, "exclusiveMinimum" if b.low_open else "minimum": b.low,
             "exclusiveMaximum" if b.high_open else "maximum": b.upper(), **extra}
 
 
