@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import POLICY_NAMES
+from ..errors import InvalidParameterError
+from ..sampling import OPENAI, SAMPLER_ORDERS, parse_samplers
 from .formats import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
 
@@ -32,7 +34,7 @@ class GenerationRequest:
     prompt: str | list[int] | list[dict]   # completion text, token ids, or chat messages ({role, content} strings)
     prompt_field: str                       # "messages" or "prompt", for error messages
     max_tokens: int                         # 0: up to the context
-    sampling: dict                          # temperature, top_p, top_k, min_p, seed
+    sampling: dict                          # temperature, top_p, top_k, min_p, seed, sampler_order
     stop: list[str]
     stream: bool
     include_usage: bool
@@ -154,13 +156,38 @@ def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
         "top_k": _optional(body, "top_k", lambda v: is_int(v) and v >= 0, "an integer >= 0", 0),
         "min_p": float(_optional(body, "min_p", lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", 0.0)),
         "seed": _optional(body, "seed", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+        "sampler_order": _optional(body, "sampler_order", lambda v: v in SAMPLER_ORDERS,
+                                   f"one of {', '.join(map(json.dumps, SAMPLER_ORDERS))}", OPENAI),
     }
+    _apply_samplers(body, sampling)
     stream = _optional(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)
     _optional(body, "cache_prompt", lambda v: isinstance(v, bool), "true or false")
     return GenerationRequest(prompt, prompt_field, max_tokens or 0, sampling, _parse_stop(body), stream,
                              include_usage, extras=parse_extras(body, prompt_field == "messages"))
+
+
+def _apply_samplers(body: dict, sampling: dict) -> None:
+    """llama.cpp's `samplers` field (a list of names, or one string with ';'): its order, and the filters it leaves
+    out turned off, as llama.cpp's server does."""
+    samplers = body.get("samplers")
+    if samplers is None:
+        return
+    if not (isinstance(samplers, str) or isinstance(samplers, list) and len(samplers) <= 16):
+        raise invalid("samplers", "'samplers' must be a list of sampler names or a string like "
+                                  "\"top_k;top_p;min_p;temperature\"")
+    try:
+        order, named = parse_samplers(samplers)
+    except InvalidParameterError as e:
+        raise invalid("samplers", str(e).replace("samplers:", "'samplers':", 1)) from None
+    if body.get("sampler_order") is not None and body["sampler_order"] != order:
+        raise invalid("sampler_order", f"'sampler_order' {_shown(body['sampler_order'])} disagrees with 'samplers', "
+                                       f"which applies the {order} order")
+    sampling["sampler_order"] = order
+    for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+        if name not in named:
+            sampling[name] = off
 
 
 def _message_text(index: int, content) -> str:
