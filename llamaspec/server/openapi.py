@@ -37,10 +37,6 @@ _SAMPLING = {
     "sampler_order": _nullable({"enum": ["openai", "llama.cpp"], "description":
                                 "openai (the default): temperature, then top_k, top_p, min_p; llama.cpp: top_k, "
                                 "top_p, min_p on the untempered distribution, temperature last."}),
-    "samplers": _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
-                                                          "maxItems": 16}],
-                           "description": "llama.cpp's sampler list, e.g. \"top_k;top_p;min_p;temperature\": its "
-                                          "order, and the filters it leaves out are off."}),
     "stop": _nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "maxItems": MAX_STOP}]}),
     "stream": _nullable({"type": "boolean"}),
     "stream_options": _nullable({"type": "object", "properties": {

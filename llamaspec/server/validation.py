@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import POLICY_NAMES
-from ..errors import InvalidParameterError
-from ..sampling import OPENAI, SAMPLER_ORDERS, parse_samplers
+from ..sampling import OPENAI, SAMPLER_ORDERS
 from .formats import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
 
@@ -159,35 +158,12 @@ def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
         "sampler_order": _optional(body, "sampler_order", lambda v: v in SAMPLER_ORDERS,
                                    f"one of {', '.join(map(json.dumps, SAMPLER_ORDERS))}", OPENAI),
     }
-    _apply_samplers(body, sampling)
     stream = _optional(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)
     _optional(body, "cache_prompt", lambda v: isinstance(v, bool), "true or false")
     return GenerationRequest(prompt, prompt_field, max_tokens or 0, sampling, _parse_stop(body), stream,
                              include_usage, extras=parse_extras(body, prompt_field == "messages"))
-
-
-def _apply_samplers(body: dict, sampling: dict) -> None:
-    """llama.cpp's `samplers` field (a list of names, or one string with ';'): its order, and the filters it leaves
-    out turned off, as llama.cpp's server does."""
-    samplers = body.get("samplers")
-    if samplers is None:
-        return
-    if not (isinstance(samplers, str) or isinstance(samplers, list) and len(samplers) <= 16):
-        raise invalid("samplers", "'samplers' must be a list of sampler names or a string like "
-                                  "\"top_k;top_p;min_p;temperature\"")
-    try:
-        order, named = parse_samplers(samplers)
-    except InvalidParameterError as e:
-        raise invalid("samplers", str(e).replace("samplers:", "'samplers':", 1)) from None
-    if body.get("sampler_order") is not None and body["sampler_order"] != order:
-        raise invalid("sampler_order", f"'sampler_order' {_shown(body['sampler_order'])} disagrees with 'samplers', "
-                                       f"which applies the {order} order")
-    sampling["sampler_order"] = order
-    for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
-        if name not in named:
-            sampling[name] = off
 
 
 def _message_text(index: int, content) -> str:
