@@ -97,10 +97,10 @@ DEFAULT_ONLY = {
 # Accepted and without effect here: bookkeeping fields of OpenAI's API, and llama-server's cache switch (the cache is
 # always reused where the prompt allows; the output is the same either way).
 IGNORED = ("model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "cache_prompt")
-COMMON_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                 "stream", "stream_options", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "grammar", "json_schema", "response_format", "n_probs",
-                 *DEFAULT_ONLY, *IGNORED)
+COMMON_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                 "sampler_order", "stop", "stream", "stream_options", "repeat_penalty", "repeat_last_n",
+                 "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "json_schema", "response_format",
+                 "n_probs", *DEFAULT_ONLY, *IGNORED)
 CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
                *COMMON_FIELDS)
 COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
