@@ -387,9 +387,11 @@ def main() -> None:
     finally:
         pair.close()
 
-    # 2. the peers
+    # 2. the peers; the report is written again after each, so a run cut short keeps what it measured
     results, versions = [], []
-    for name in a.peers:
+    hw = hardware()
+    write_report(a, hw, case, prompts, regimes, mine, results, versions, final=not a.peers)
+    for i, name in enumerate(a.peers):
         exe, why = peer_binary(a, name, case)
         versions.append(f"{PEER_LABELS[name]}: `{exe}` ({peers.tool_version(exe)})" if exe
                         else f"{PEER_LABELS[name]}: not run ({why})")
@@ -398,8 +400,11 @@ def main() -> None:
                 results += speculative_simple_results(exe, why, case, k, regimes, prompts, a.tokens)
             else:
                 results += server_results(name, exe, why, case, k, regimes, prompts, a.tokens, a.server_timeout)
+        write_report(a, hw, case, prompts, regimes, mine, results, versions, final=i == len(a.peers) - 1)
 
-    # 3. the report
+
+def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, versions: list, final: bool) -> None:
+    """The markdown report (printed when final, and written to --out) and the rows as JSON (--json)."""
     def described(path):
         if not path:
             return "none"
@@ -409,19 +414,22 @@ def main() -> None:
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {described(a.target)}; draft: {described(a.draft)}; drafter: {a.drafter} "
              f"(peers: {a.spec_type})",
-             f"- hardware: {hardware()}",
+             f"- hardware: {hw}",
              f"- llamaspec: threads {a.threads}, flash attention {a.flash_attn}, context {case.n_ctx}, "
              f"no_repack={a.no_repack}; ratios of sampled regimes are against plain decoding in the same regime",
              *[f"- peer {v}" for v in versions],
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up per engine; peer "
              f"commands are shown with the first prompt (the others differ only in it); "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    if not final:
+        lines += ["**Partial: the run has not finished (the peers after the last one listed are missing).**", ""]
     lines += summary(regimes, mine, results)
     for regime in regimes:
         rows, states, where = mine[regime.name]
         lines += regime_section(regime, rows, states, where, [r for r in results if r.regime == regime.name])
     report = "\n".join(lines)
-    print(report)
+    if final:
+        print(report)
     if a.out:
         a.out.write_text(report + "\n")
     if a.json:
