@@ -106,7 +106,7 @@ def parse_samplers(spec: "str | list") -> tuple[str, frozenset]:
     if any(c < where for c in cuts) and any(c > where for c in cuts):
         raise InvalidParameterError("samplers: temperature must come before both top_p and min_p or after both",
                                     param="samplers")
-    first = where < min(cuts, default=len(chain)) if cuts else where == 0
+    first = where < min(cuts) if cuts else where == 0   # without top-p/min-p the order changes nothing
     return (OPENAI if first else LLAMA_CPP), frozenset(chain)
 
 
