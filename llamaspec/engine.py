@@ -22,7 +22,7 @@ import numpy as np
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import Costs, DraftPolicy, FixedPolicy, _check_k, make_policy
-from .sampling import SamplerConfig, as_dist, filter_logits
+from .sampling import OPENAI, SamplerConfig, as_dist, filter_logits
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
@@ -166,17 +166,18 @@ class Pair:
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
                stop: Sequence[str] | str | None = None, add_special: bool = True,
-               shaping: Shaping | None = None) -> Iterator[Piece]:
+               shaping: Shaping | None = None, sampler_order: str = OPENAI) -> Iterator[Piece]:
         """Generate from `prompt` (text or token ids), yielding one Piece per token.
 
         Stops at max_tokens ("length"), an end-of-generation token or a stop string ("stop", neither is
         emitted), or a full context ("context"). Statistics land in `last_stats` when the generator ends,
         also when the consumer stops early ("cancelled"). `shaping`: a grammar, penalties or log-probabilities
-        (shaping.py), applied exactly to the target's rows.
+        (shaping.py), applied exactly to the target's rows. `sampler_order`: "openai" applies temperature before
+        top-k/top-p/min-p, "llama.cpp" after them, to the untempered distribution (sampling.py).
         """
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        tokens = self.generate_tokens(prompt, max_tokens, SamplerConfig(temperature, top_k, top_p, min_p, seed),
-                                      add_special, shaping)
+        sampler = SamplerConfig(temperature, top_k, top_p, min_p, seed, sampler_order)
+        tokens = self.generate_tokens(prompt, max_tokens, sampler, add_special, shaping)
         stats = self.last_stats
 
         def stopped():

@@ -1,10 +1,12 @@
 """Sampler settings and filtered next-token distributions, as pure numpy.
 
-The rule (the same for draft and target, which is what keeps rejection sampling exact): temperature -> top-k ->
-top-p -> min-p -> renormalise. top-p's mass is measured after top-k, min-p's threshold is relative to the most
-likely token; temperature comes first, as in OpenAI's API and Hugging Face (llama.cpp's default chain applies it
-last, which changes which tokens top-p and min-p keep when T != 1). Temperature 0 means greedy (argmax) and no
-distribution is ever built. Nothing here knows about models or tokens beyond their ids.
+The rule (the same for draft and target, which is what keeps rejection sampling exact) comes in two orders:
+- "openai": temperature -> top-k -> top-p -> min-p -> renormalise (OpenAI's API, Hugging Face);
+- "llama.cpp": top-k -> top-p -> min-p on the untempered distribution (temperature 1), then temperature over the
+  kept tokens -> renormalise (llama.cpp's default chain, `--samplers top_k;top_p;min_p;temperature`).
+top-p's mass is measured after top-k, min-p's threshold is relative to the most likely token. The orders differ
+only where top-p or min-p cut and T != 1 (top-k keeps the same tokens at any temperature). Temperature 0 means
+greedy (argmax) and no distribution is ever built. Nothing here knows about models or tokens beyond their ids.
 
 - `filtered_probs`: the rule written plainly over one dense row (the reference the tests hold the fast paths to).
 - `filter_logits`: the same rule as a `Dist` without vocabulary-wide passes the settings do not need: top-k and
@@ -26,6 +28,17 @@ from .errors import InvalidParameterError
 # top-p first looks for the nucleus among this many best candidates before sorting the whole vocabulary.
 _NUCLEUS_CANDIDATES = 256
 
+OPENAI, LLAMA_CPP = "openai", "llama.cpp"
+SAMPLER_ORDERS = (OPENAI, LLAMA_CPP)    # temperature first / temperature last
+# llama.cpp's --samplers names (and its aliases) of the filters llamaspec has
+_SAMPLER_NAMES = {"top_k": "top_k", "top-k": "top_k", "topk": "top_k", "top_p": "top_p", "top-p": "top_p",
+                  "topp": "top_p", "nucleus": "top_p", "min_p": "min_p", "min-p": "min_p", "minp": "min_p",
+                  "temperature": "temperature", "temp": "temperature"}
+# samplers of llama.cpp's default chain that do nothing at their default settings, which llamaspec cannot change:
+# its default --samplers list is accepted as it is
+_SAMPLERS_OFF = {"penalties", "dry", "top_n_sigma", "top-n-sigma", "topnsigma", "typ_p", "typ-p", "typp", "typ",
+                 "xtc"}
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
@@ -34,21 +47,60 @@ class SamplerConfig:
     top_p: float = 1.0      # 1 = off
     min_p: float = 0.0      # 0 = off
     seed: int | None = None
+    order: str = OPENAI     # OPENAI: temperature first; LLAMA_CPP: truncation on the untempered distribution
 
     def __post_init__(self):
-        validate_sampler(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+        validate_sampler(self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.order)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
 
-def validate_sampler(temperature, top_k, top_p, min_p, seed) -> None:
+def validate_sampler(temperature, top_k, top_p, min_p, seed, order=OPENAI) -> None:
     """Raise InvalidParameterError naming the first bad value (the ranges: bounds.py)."""
     for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
         bounds.check(name, value)
     if seed is not None:
         bounds.check("seed", seed)
+    if order not in SAMPLER_ORDERS:
+        raise InvalidParameterError(f"sampler_order must be one of {', '.join(SAMPLER_ORDERS)}, got {order!r}",
+                                    param="sampler_order")
+
+
+def parse_samplers(spec: "str | list") -> tuple[str, frozenset]:
+    """llama.cpp's --samplers list (`top_k;top_p;min_p;temperature`, or a list of names; its aliases too) as
+    (order, the filters it names): a filter left out is off, as in llama.cpp. llamaspec samples the lists that name
+    temperature, with top-p before min-p and temperature before both (OPENAI) or after both (LLAMA_CPP); top-k
+    commutes with temperature. Anything else raises InvalidParameterError with the reason."""
+    names = spec if isinstance(spec, list) else str(spec).replace(",", ";").split(";")
+    if not names or not all(isinstance(n, str) for n in names):
+        raise InvalidParameterError(f"samplers must be names such as top_k;top_p;min_p;temperature, got {spec!r}",
+                                    param="samplers")
+    chain = []
+    for raw in names:
+        if raw.strip().lower() in _SAMPLERS_OFF:
+            continue
+        name = _SAMPLER_NAMES.get(raw.strip().lower())
+        if name is None:
+            raise InvalidParameterError(f"samplers: {raw.strip()!r} is not a sampler llamaspec has (it has "
+                                        "top_k, top_p, min_p and temperature; penalties, dry, top_n_sigma, typ_p "
+                                        "and xtc are accepted and stay off)", param="samplers")
+        if name in chain:
+            raise InvalidParameterError(f"samplers: {name} is named twice", param="samplers")
+        chain.append(name)
+    if "temperature" not in chain:
+        raise InvalidParameterError("samplers: the list must name temperature (first or last)", param="samplers")
+    cuts = [chain.index(n) for n in ("top_p", "min_p") if n in chain]
+    if cuts != sorted(cuts):
+        raise InvalidParameterError("samplers: min_p before top_p is not supported (top_p;min_p is)",
+                                    param="samplers")
+    where = chain.index("temperature")
+    if any(c < where for c in cuts) and any(c > where for c in cuts):
+        raise InvalidParameterError("samplers: temperature must come before both top_p and min_p or after both",
+                                    param="samplers")
+    first = where < min(cuts) if cuts else where == 0   # without top-p/min-p the order changes nothing
+    return (OPENAI if first else LLAMA_CPP), frozenset(chain)
 
 
 def filtered_probs(logits: np.ndarray, cfg: SamplerConfig, out: np.ndarray | None = None) -> np.ndarray:
@@ -57,6 +109,14 @@ def filtered_probs(logits: np.ndarray, cfg: SamplerConfig, out: np.ndarray | Non
 
     `logits` is read, never written (it may be a view into llama.cpp's buffer); `out` is reused when given.
     """
+    if cfg.order == LLAMA_CPP and cfg.temperature != 1.0:  # the cut at temperature 1, then temperature on what stays
+        kept = filtered_probs(logits, SamplerConfig(1.0, cfg.top_k, cfg.top_p, cfg.min_p), out) > 0
+        probs = np.multiply(logits, np.float32(1.0 / cfg.temperature), out=out, dtype=np.float32)
+        probs -= probs[kept].max()
+        np.exp(probs, out=probs)
+        probs[~kept] = 0.0
+        probs /= probs.sum(dtype=np.float64)
+        return probs
     probs = np.multiply(logits, np.float32(1.0 / cfg.temperature), out=out, dtype=np.float32)
     probs -= probs.max()
     np.exp(probs, out=probs)  # unnormalised, max = 1
@@ -168,40 +228,52 @@ def filter_logits(logits: np.ndarray, cfg: SamplerConfig, scratch: np.ndarray | 
     min-p alone: it keeps the logits within T*ln(1/min_p) of the best, found by one comparison pass. top-p without
     top-k: one exp pass for the vocabulary's mass, then the nucleus among the best logits. Temperature alone: a
     dense row of unnormalised weights (written into `scratch` when given; its sum is left for when it is needed).
+    In llama.cpp's order the cut is made at temperature 1 and the kept ids are weighted at T (they are few).
     `logits` is read, never written. Weights are exp((logit - best) / T): the best token's weight is 1.
     """
     n_vocab = logits.shape[0]
-    inv_t = 1.0 / cfg.temperature
     best = float(logits.max())
     top_k = cfg.top_k if 0 < cfg.top_k < n_vocab else 0
+    if not top_k and cfg.top_p >= 1.0 and cfg.min_p <= 0.0:
+        return Dist(None, _exp_row(logits, best, 1.0 / cfg.temperature, scratch), peak=1.0)
+    # the temperature the cut sees: llama.cpp cuts the untempered distribution (top-k alone: the same ids at any T)
+    cut_t = 1.0 if cfg.order == LLAMA_CPP and (cfg.top_p < 1.0 or cfg.min_p > 0.0) else cfg.temperature
+    ids, weights = _kept(logits, best, cut_t, top_k, cfg.top_p, cfg.min_p, scratch)
+    if cut_t != cfg.temperature:  # temperature last, over the kept ids (still sorted: T keeps the order)
+        weights = np.exp((logits[ids] - best) * (1.0 / cfg.temperature))
+    return Dist(ids, weights, peak=1.0)
+
+
+def _kept(logits: np.ndarray, best: float, temperature: float, top_k: int, top_p: float, min_p: float,
+          scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The ids top-k, top-p and min-p keep at `temperature` (best first) and their weights exp((l - best) / T)."""
+    inv_t = 1.0 / temperature
     total = None
     if top_k:
         ids = _top_k_ids(logits, top_k, best)
         weights = np.exp((logits[ids] - best) * inv_t)
-    elif cfg.top_p < 1.0:
+    elif top_p < 1.0:
         dense = _exp_row(logits, best, inv_t, scratch)
         total = float(dense.sum(dtype=np.float64))
-        ids = _nucleus_ids(logits, dense, best, cfg.top_p * total, cfg.temperature)
+        ids = _nucleus_ids(logits, dense, best, top_p * total, temperature)
         weights = dense[ids]
-    elif cfg.min_p > 0.0:
-        # exp((l - best) / T) >= min_p  <=>  l >= best + T ln(min_p); the exact test is on the weights below
-        ids = np.flatnonzero(logits >= best + cfg.temperature * math.log(cfg.min_p) - 1e-3)
-        weights = np.exp((logits[ids] - best) * inv_t)
     else:
-        return Dist(None, _exp_row(logits, best, inv_t, scratch), peak=1.0)
+        # exp((l - best) / T) >= min_p  <=>  l >= best + T ln(min_p); the exact test is on the weights below
+        ids = np.flatnonzero(logits >= best + temperature * math.log(min_p) - 1e-3)
+        weights = np.exp((logits[ids] - best) * inv_t)
 
-    # sparse: best first, then top-p's prefix and min-p's prefix of the sorted weights
+    # best first, then top-p's prefix and min-p's prefix of the sorted weights
     order = np.argsort(-weights, kind="stable")
     ids, weights = ids[order], weights[order]
-    if cfg.top_p < 1.0:
+    if top_p < 1.0:
         cumulative = np.cumsum(weights, dtype=np.float64)
-        target = cfg.top_p * (cumulative[-1] if total is None else total)  # top-p's mass is after top-k
+        target = top_p * (cumulative[-1] if total is None else total)  # top-p's mass is after top-k
         n_keep = min(int(np.searchsorted(cumulative, target)) + 1, len(ids))  # include the token crossing top_p
         ids, weights = ids[:n_keep], weights[:n_keep]
-    if cfg.min_p > 0.0:
-        n_keep = int(np.count_nonzero(weights >= np.float32(cfg.min_p)))  # relative to the best token's weight 1
+    if min_p > 0.0:
+        n_keep = int(np.count_nonzero(weights >= np.float32(min_p)))  # relative to the best token's weight 1
         ids, weights = ids[:n_keep], weights[:n_keep]
-    return Dist(ids, weights, peak=1.0)
+    return ids, weights
 
 
 def _exp_row(logits: np.ndarray, best: float, inv_t: float, out: np.ndarray | None) -> np.ndarray:

@@ -546,3 +546,43 @@ def test_wsl_is_detected_from_the_kernel_version():
     assert sysinfo.is_wsl("Linux version 5.15.153.1-microsoft-standard-WSL2 (root@...)")
     assert not sysinfo.is_wsl("Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075)")
     assert sysinfo.on_windows_drive("/mnt/c/models/x.gguf") and not sysinfo.on_windows_drive("/home/me/x.gguf")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sampler order (--samplers in llama.cpp's spelling, --sampler-order)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, order, filters", [
+    ([], "llama.cpp", {"top_k": 20, "top_p": 0.9, "min_p": 0.05}),                  # a llama.cpp user's default
+    (["--sampler-order", "openai"], "openai", {"top_k": 20, "top_p": 0.9, "min_p": 0.05}),
+    (["--samplers", "temperature;top_k;top_p;min_p"], "openai", {"top_k": 20, "top_p": 0.9, "min_p": 0.05}),
+    (["--samplers", "top_k;min_p;temperature", "--sampler-order", "llama.cpp"], "llama.cpp",
+     {"top_k": 20, "top_p": 1.0, "min_p": 0.05}),                                    # left out of the list: off
+])
+def test_run_samples_in_the_order_asked_for(tiny_models, monkeypatch, flags, order, filters):
+    from llamaspec.engine import Pair
+
+    seen = {}
+    stream = Pair.stream
+
+    def recording(self, prompt, **kwargs):
+        seen.update(kwargs)
+        return stream(self, prompt, **kwargs)
+
+    monkeypatch.setattr(Pair, "stream", recording)
+    result = invoke(["run", "-m", tiny_models["target"], *N_CTX, "-n", "4", "--temp", "0.7", "--top-k", "20",
+                     "--top-p", "0.9", "--min-p", "0.05", "--seed", "1", *flags, "hello"])
+    assert result.exit_code == 0, result.output
+    assert seen["sampler_order"] == order
+    assert {name: seen[name] for name in filters} == filters
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--samplers", "top_p;temperature;min_p"], "before both top_p and min_p or after both"),
+    (["--samplers", "mirostat;temperature"], "'mirostat' is not a sampler"),
+    (["--samplers", "top_k;top_p;temperature", "--sampler-order", "openai"], "disagree"),
+    (["--sampler-order", "openai", "--samplers", "top_p;temperature"], "disagree"),
+    (["--sampler-order", "hf"], "hf"),
+])
+def test_bad_sampler_order_is_one_line_usage_error_before_loading(tmp_path, flags, fragment):
+    result = invoke(["run", "-m", tmp_path / "never-loaded.gguf", *flags, "x"])
+    assert_one_line_error(result, fragment, code=2)

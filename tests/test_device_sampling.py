@@ -16,6 +16,9 @@ PROMPT = "def quicksort(arr):"
 CONFIGS = [SamplerConfig(0.8), SamplerConfig(0.8, top_k=40), SamplerConfig(1.0, top_p=0.9),
            SamplerConfig(0.7, min_p=0.05), SamplerConfig(0.8, top_k=40, top_p=0.95, min_p=0.05),
            SamplerConfig(1.2, top_p=0.8, min_p=0.02)]
+# llama.cpp's order: top-k/top-p/min-p on the untempered distribution, temperature last
+CONFIGS += [SamplerConfig(c.temperature, c.top_k, c.top_p, c.min_p, order="llama.cpp") for c in CONFIGS
+            if c.top_p < 1 or c.min_p > 0]
 OPTIONS = ModelConfig(no_repack=True, n_ctx=256, n_threads=2)
 
 
@@ -39,7 +42,7 @@ def ctx(models):
     model.close()
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}-{c.order}")
 def test_device_and_numpy_filters_agree_on_the_same_logits(ctx, cfg):
     tokens = ctx.model.tokenize(PROMPT)
     ctx.clear()
@@ -114,8 +117,9 @@ def test_engine_filters_on_the_device_for_draft_and_target_together(models, monk
 
 
 @pytest.mark.parametrize("device", ["1", "0"], ids=["device", "numpy"])
-@pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8)],
-                         ids=["top_k", "top_p"])
+@pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8),
+                                 SamplerConfig(0.7, top_p=0.9, min_p=0.02, order="llama.cpp")],
+                         ids=["top_k", "top_p", "llama.cpp-order"])
 def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeypatch, device, cfg):
     """Speculative sampling (3 drafted tokens, a draft that disagrees often) on either path: the first token
     follows the target's filtered distribution, by chi-square at the 0.1% level."""
@@ -129,7 +133,7 @@ def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeyp
         pair.set_policy(FixedPolicy(3))
         for seed in range(300):
             c = pair.generate(tokens, max_tokens=2, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                              seed=seed)
+                              min_p=cfg.min_p, sampler_order=cfg.order, seed=seed)
             counts[c.tokens[0]] += 1
             drafted += c.stats.drafted
             accepted += c.stats.accepted

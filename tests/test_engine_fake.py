@@ -214,16 +214,17 @@ def _first_token_counts(pair, cfg: SamplerConfig, n: int) -> np.ndarray:
     counts = np.zeros(pair.n_vocab)
     for seed in range(n):
         c = pair.generate(PROMPT, max_tokens=2, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                          min_p=cfg.min_p, seed=seed)
+                          min_p=cfg.min_p, seed=seed, sampler_order=cfg.order)
         counts[c.tokens[0]] += 1
     return counts
 
 
+@pytest.mark.parametrize("order", ["openai", "llama.cpp"])
 @pytest.mark.parametrize("device", [True, False])
-def test_sampled_speculation_keeps_the_target_distribution(device):
+def test_sampled_speculation_keeps_the_target_distribution(device, order):
     """The first token after PROMPT, drafted by a draft that disagrees often, follows the target's filtered
-    distribution, with the filters on the device and with numpy's."""
-    cfg = SamplerConfig(temperature=1.3, top_k=12, top_p=0.97)
+    distribution, with the filters on the device and with numpy's, in either sampler order."""
+    cfg = SamplerConfig(temperature=1.3, top_k=12, top_p=0.97, min_p=0.02, order=order)
     make = fake_device_pair if device else fake_pair
     pair = make(0.6, FixedPolicy(2), sharpness=1.5)
     counts = _first_token_counts(pair, cfg, 3000)

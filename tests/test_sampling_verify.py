@@ -2,8 +2,10 @@
 import numpy as np
 import pytest
 
+from chisq import assert_follows
 from llamaspec.errors import InvalidParameterError
-from llamaspec.sampling import Dist, SamplerConfig, filter_logits, filtered_probs, max_prob, sample, sample_from
+from llamaspec.sampling import (Dist, SamplerConfig, filter_logits, filtered_probs, max_prob, parse_samplers, sample,
+                                sample_from)
 from llamaspec.verify import accept_greedy, accept_rejection, residual
 
 
@@ -20,12 +22,60 @@ def test_greedy_all_accepted_takes_the_bonus_token():
 
 @pytest.mark.parametrize("bad", [
     dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
-    dict(min_p=-0.1), dict(min_p=2.0), dict(seed=-3), dict(top_k=2.5),
+    dict(min_p=-0.1), dict(min_p=2.0), dict(seed=-3), dict(top_k=2.5), dict(order="llamacpp"), dict(order=None),
 ])
 def test_invalid_sampler_values_name_the_parameter(bad):
     with pytest.raises(InvalidParameterError) as err:
         SamplerConfig(**{**dict(temperature=1.0), **bad})
-    assert next(iter(bad)) in str(err.value)
+    assert next(iter(bad)).replace("order", "sampler_order") in str(err.value)
+
+
+def test_llama_cpp_order_cuts_the_untempered_distribution_then_applies_temperature():
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.1], dtype=np.float32))
+    # top-p 0.7 at T=1 keeps {0, 1}; then T=0.5 squares their probabilities: 0.25 / 0.0625 -> 0.8 / 0.2
+    cut_first = SamplerConfig(0.5, top_p=0.7, order="llama.cpp")
+    np.testing.assert_allclose(filtered_probs(logits, cut_first), [0.8, 0.2, 0, 0], rtol=1e-5)
+    # temperature first: 0.725 / 0.181 / ... of which top-p 0.7 keeps the first alone
+    np.testing.assert_allclose(filtered_probs(logits, SamplerConfig(0.5, top_p=0.7)), [1, 0, 0, 0], rtol=1e-5)
+    # min-p 0.25 at T=1 keeps p >= 0.125 ({0, 1, 2}); T=2 then flattens them (the square roots)
+    kept = np.sqrt([0.5, 0.25, 0.15])
+    np.testing.assert_allclose(filtered_probs(logits, SamplerConfig(2.0, min_p=0.25, order="llama.cpp")),
+                               [*(kept / kept.sum()), 0], rtol=1e-5)
+    assert np.count_nonzero(filtered_probs(logits, SamplerConfig(2.0, min_p=0.25))) == 4  # T first: all pass
+
+
+@pytest.mark.parametrize("cfg", [SamplerConfig(0.6, top_k=3), SamplerConfig(1.0, top_p=0.8, min_p=0.1),
+                                 SamplerConfig(0.7)])
+def test_the_orders_agree_where_the_order_cannot_matter(cfg):
+    """top-k keeps the same ids at any temperature; at T=1 or without filters there is nothing to reorder."""
+    row = next(_rows(n_vocab=5000))
+    other = SamplerConfig(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p, order="llama.cpp")
+    np.testing.assert_allclose(filtered_probs(row, other), filtered_probs(row, cfg), atol=1e-7, rtol=1e-5)
+    np.testing.assert_allclose(filter_logits(row, other).dense(5000), filter_logits(row, cfg).dense(5000),
+                               atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec, order, named", [
+    ("top_k;top_p;min_p;temperature", "llama.cpp", {"top_k", "top_p", "min_p", "temperature"}),
+    ("temperature;top_k;top_p;min_p", "openai", {"top_k", "top_p", "min_p", "temperature"}),
+    ("penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature", "llama.cpp",  # llama.cpp's default list
+     {"top_k", "top_p", "min_p", "temperature"}),
+    ("top-k;temp;nucleus", "openai", {"top_k", "top_p", "temperature"}),
+    (["min_p", "temperature"], "llama.cpp", {"min_p", "temperature"}),
+])
+def test_samplers_lists_in_llama_cpp_spelling(spec, order, named):
+    assert parse_samplers(spec) == (order, frozenset(named))
+
+
+@pytest.mark.parametrize("spec, why", [
+    ("top_p;temperature;min_p", "before both"), ("min_p;top_p;temperature", "min_p before top_p"),
+    ("top_k;top_p", "must name temperature"), ("xtc;temperature;mirostat", "'mirostat' is not"),
+    ("temp;temperature", "twice"), ([3, "temperature"], "must be names"),
+])
+def test_samplers_lists_llamaspec_cannot_sample_are_refused_with_the_reason(spec, why):
+    with pytest.raises(InvalidParameterError, match=why) as err:
+        parse_samplers(spec)
+    assert err.value.param == "samplers"
 
 
 def test_filtered_probs_apply_temperature_topk_topp_minp():
@@ -135,8 +185,9 @@ def _rows(n_vocab=151_936, seed=0):
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) or "temp")
 @pytest.mark.parametrize("temperature", [0.4, 0.8, 1.5])
-def test_filter_logits_follows_the_reference_rule(settings, temperature):
-    cfg = SamplerConfig(temperature=temperature, **settings)
+@pytest.mark.parametrize("order", ["openai", "llama.cpp"])
+def test_filter_logits_follows_the_reference_rule(settings, temperature, order):
+    cfg = SamplerConfig(temperature=temperature, order=order, **settings)
     for row in _rows():
         before = row.copy()
         ref = filtered_probs(row, cfg)
@@ -212,3 +263,29 @@ def test_rejection_sampling_with_sparse_rows_keeps_the_target_distribution(p_spa
         n_acc, nxt = accept_rejection(np.array([x]), [q_row], lambda i: p_row, rng)
         out[x if n_acc == 1 else nxt] += 1
     np.testing.assert_allclose(out / n, p, atol=0.01)
+
+
+@pytest.mark.parametrize("order", ["openai", "llama.cpp"])
+def test_rejection_sampling_keeps_the_filtered_target_distribution_in_either_order(order):
+    """Draft and target rows filtered by filter_logits (top-k 40, top-p 0.9, min-p 0.05 at T=0.7): the speculative
+    output (two draft tokens, the first token emitted) follows the target's filtered distribution by chi-square,
+    and the two orders give different distributions (so each is tested for itself)."""
+    rng = np.random.default_rng(11)
+    n_vocab = 3000
+    target = (rng.standard_normal(n_vocab) * 2.0).astype(np.float32)
+    target[:12] += np.linspace(6, 3, 12, dtype=np.float32)
+    draft = target + rng.standard_normal(n_vocab).astype(np.float32) * 1.5  # disagrees often
+    cfg = SamplerConfig(0.7, top_k=40, top_p=0.9, min_p=0.05, order=order)
+    p = filtered_probs(target, cfg).astype(np.float64)
+    other = SamplerConfig(0.7, top_k=40, top_p=0.9, min_p=0.05, order="openai" if order == "llama.cpp" else order)
+    assert order == "openai" or np.abs(filtered_probs(target, other) - p).sum() > 0.05
+    counts = np.zeros(n_vocab)
+    accepted = 0
+    for _ in range(8000):
+        q = filter_logits(draft, cfg)
+        drafts = np.array([sample(q, rng), sample(q, rng)])
+        n_acc, nxt = accept_rejection(drafts, [q, q], lambda i: filter_logits(target, cfg), rng)
+        counts[drafts[0] if n_acc >= 1 else nxt] += 1
+        accepted += n_acc
+    assert 0 < accepted < 16000
+    assert_follows(counts, p)

@@ -251,6 +251,24 @@ def test_seeded_sampling_is_reproducible(client):
     assert sample(7) == sample(7)
 
 
+def test_sampler_order_is_openais_unless_the_request_says_otherwise():
+    from llamaspec.server.validation import parse_completion
+
+    assert parse_completion({"prompt": "x", "top_p": 0.5}).sampling["sampler_order"] == "openai"
+    assert parse_completion({"prompt": "x", "sampler_order": "llama.cpp"}).sampling["sampler_order"] == "llama.cpp"
+
+
+def test_llama_cpp_sampler_order_reaches_the_generation(server):
+    """The field travels with the request's other sampling settings into Pair.stream (which would refuse an
+    unknown keyword: a 500); what each order samples is tested on the library (test_sampling_verify.py)."""
+    for order in ("llama.cpp", "openai"):
+        body = {"prompt": "Seeds:", "max_tokens": 8, "temperature": 1.5, "top_p": 0.6, "seed": 3,
+                "sampler_order": order}
+        r = post(server.url, "/v1/completions", body, AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+
+
 def test_response_carries_speculation_statistics(client):
     got = client.completions.create(model="x", prompt="Statistics please", max_tokens=12, temperature=0)
 
@@ -324,6 +342,8 @@ BAD_CHAT_FIELDS = [
     ({"max_completion_tokens": -3}, "max_completion_tokens"),
     ({"seed": -1}, "seed"),
     ({"seed": 1.5}, "seed"),
+    ({"sampler_order": "hf"}, "sampler_order"),
+    ({"sampler_order": ["llama.cpp"]}, "sampler_order"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a", 1]}, "stop"),
     ({"stream": "yes"}, "stream"),

@@ -15,7 +15,7 @@ import numpy as np
 from .. import interrupt
 from ..config import ModelConfig
 from ..errors import Cancelled, ContextOverflowError, DecodeError
-from ..sampling import Dist, SamplerConfig
+from ..sampling import LLAMA_CPP, Dist, SamplerConfig
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, decode_stops, default_threads, env_flag, llama_cpp,
                      load_error, native_log, nextn_functions, supports_gpu_offload)
@@ -221,10 +221,11 @@ class Context(NativeHandle):
             (o.n_gpu_layers < 0 or o.n_gpu_layers > self.model.info.n_layer)
 
     def set_device_sampler(self, cfg: SamplerConfig | None, seed: int | None = 0) -> bool:
-        """Attach a chain [temp, top-k, top-p, min-p, dist(seed)] (only the filters cfg turns on) so that llama.cpp
-        filters every output row on the device and draws a token from it; `eval_dists` reads the results. None
-        detaches. Returns whether it is attached: every sampler must run in the graph (a build or device that
-        cannot keeps nothing attached, and the caller filters logits with numpy instead).
+        """Attach a chain [temp, top-k, top-p, min-p, dist(seed)], or [top-k, top-p, min-p, temp, dist(seed)] in
+        llama.cpp's order (only the filters cfg turns on), so that llama.cpp filters every output row on the device
+        and draws a token from it; `eval_dists` reads the results. None detaches. Returns whether it is attached:
+        every sampler must run in the graph (a build or device that cannot keeps nothing attached, and the caller
+        filters logits with numpy instead).
         Attaching makes llama.cpp reserve its graphs again at the next decode (tens of milliseconds for a large
         model), so a chain with the same filters stays attached and takes the state of a fresh one instead
         (llama_sampler_copy: its random generator, seeded from `seed`, or at random for None): the same draws as a
@@ -233,7 +234,7 @@ class Context(NativeHandle):
             self._detach_chain()
             return False
         top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
-        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p)
+        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p, cfg.order)
         fresh = self._sampling_chain(key, llama_cpp.LLAMA_DEFAULT_SEED if seed is None else seed & 0x7FFFFFFF)
         if self._chain_kind == "sample" and self._chain_key == key and hasattr(llama_cpp, "llama_sampler_copy"):
             llama_cpp.llama_sampler_copy(fresh, self._chain)
@@ -246,14 +247,15 @@ class Context(NativeHandle):
 
     @staticmethod
     def _sampling_chain(key: tuple, seed: int):
-        temperature, top_k, top_p, min_p = key
-        samplers = [llama_cpp.llama_sampler_init_temp(temperature)]
+        temperature, top_k, top_p, min_p, order = key
+        samplers = []
         if top_k:
             samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
         if top_p < 1.0:
             samplers.append(llama_cpp.llama_sampler_init_top_p(top_p, 1))
         if min_p > 0.0:
             samplers.append(llama_cpp.llama_sampler_init_min_p(min_p, 1))
+        samplers.insert(len(samplers) if order == LLAMA_CPP else 0, llama_cpp.llama_sampler_init_temp(temperature))
         samplers.append(llama_cpp.llama_sampler_init_dist(seed))
         return _chain_of(samplers)
 

@@ -11,7 +11,8 @@ import click
 from ..config import (CACHE_TYPES, DEFAULT_N_CTX, DRAFTER_KINDS, FLASH_ATTN_MODES, MTP_DRAFTERS, POLICY_NAMES,
                       SPLIT_MODES, LoadConfig, ModelConfig)
 from .. import bounds
-from ..errors import LlamaspecError
+from ..errors import InvalidParameterError, LlamaspecError
+from ..sampling import LLAMA_CPP, SAMPLER_ORDERS, parse_samplers
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -84,7 +85,8 @@ class OneLineUsageError(click.UsageError):
 HELP_SECTIONS = {
     "Model": ("model", "model_draft", "pair_name", "hf_repo", "hf_file", "hf_repo_draft", "no_draft", "assume_yes"),
     "Drafting": ("policy", "draft_max", "draft_min", "draft_p_min", "drafter", "drafter_kind", "spec_type"),
-    "Sampling": ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "samplers", "reasoning"),
+    "Sampling": ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "samplers", "sampler_order",
+                 "reasoning"),
     "Placement": ("n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads", "draft_n_threads",
                   "flash_attn", "cache_type_k", "cache_type_v", "main_gpu", "draft_main_gpu", "split_mode",
                   "tensor_split", "rpc_servers", "devices", "draft_device", "no_repack"),
@@ -315,6 +317,13 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
                      help="Drop tokens less likely than this times the most likely one."),
         click.option("-s", "--seed", type=Bounded("seed"), default=None,
                      help="Random seed (sampling is reproducible with one)."),
+        click.option("--samplers", default=None, metavar="LIST", callback=_check_sampler_order,
+                     help="llama.cpp's sampler order, e.g. top_k;top_p;min_p;temperature (temperature last: the "
+                          "default) or temperature;top_k;top_p;min_p; a filter left out is off."),
+        click.option("--sampler-order", type=click.Choice(SAMPLER_ORDERS), default=None,
+                     callback=_check_sampler_order,
+                     help="llama.cpp: top-k/top-p/min-p on the untempered distribution, temperature last "
+                          "[default]; openai: temperature first."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -330,8 +339,35 @@ def reasoning_option(func):
                         help="Thinking (the chat template's enable_thinking); auto: the template's default.")(func)
 
 
+def _check_sampler_order(ctx, param, value):
+    """--samplers as (order, named filters), checked as the flags are parsed (before any model loads), and
+    --sampler-order, which must agree with it."""
+    if value is None:
+        return None
+    if param.name == "samplers":
+        try:
+            value = parse_samplers(value)
+        except InvalidParameterError as e:
+            raise click.BadParameter(str(e).removeprefix("samplers: "), ctx, param) from None
+    order = value[0] if param.name == "samplers" else value
+    other = ctx.params.get("sampler_order" if param.name == "samplers" else "samplers")
+    other_order = other[0] if isinstance(other, tuple) else other
+    if other_order is not None and other_order != order:
+        raise click.BadParameter(f"--samplers and --sampler-order disagree (one says {other_order}, the other "
+                                 f"{order})", ctx, param)
+    return value
+
+
 def sampler_kwargs(opts: dict) -> dict:
-    return {k: opts[k] for k in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")}
+    """The sampling keywords of Pair.stream from the options: llama.cpp's order unless told otherwise, and with
+    --samplers the filters it leaves out off (as in llama.cpp)."""
+    kwargs = {k: opts[k] for k in ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed")}
+    chain = opts.get("samplers")
+    kwargs["sampler_order"] = chain[0] if chain else opts.get("sampler_order") or LLAMA_CPP
+    for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)):
+        if chain and name not in chain[1]:
+            kwargs[name] = off
+    return kwargs
 
 
 DEFAULT_PAIR = "default"

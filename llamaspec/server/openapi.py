@@ -46,6 +46,9 @@ _SAMPLING = {
     "top_k": _nullable(_number("top_k")),
     "min_p": _nullable(_number("min_p")),
     "seed": _nullable(_number("seed")),
+    "sampler_order": _nullable({"enum": ["openai", "llama.cpp"], "description":
+                                "openai (the default): temperature, then top_k, top_p, min_p; llama.cpp: top_k, "
+                                "top_p, min_p on the untempered distribution, temperature last."}),
     "stop": _nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "maxItems": MAX_STOP}]}),
     "stream": _nullable({"type": "boolean"}),
     "stream_options": _nullable({"type": "object", "properties": {

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
+from ..sampling import OPENAI, SAMPLER_ORDERS
 from .formats import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
 
@@ -33,7 +34,7 @@ class GenerationRequest:
     prompt: str | list[int] | list[dict]   # completion text, token ids, or chat messages ({role, content} strings)
     prompt_field: str                       # "messages" or "prompt", for error messages
     max_tokens: int                         # 0: up to the context
-    sampling: dict                          # temperature, top_p, top_k, min_p, seed
+    sampling: dict                          # temperature, top_p, top_k, min_p, seed, sampler_order
     stop: list[str]
     stream: bool
     include_usage: bool
@@ -109,10 +110,10 @@ DEFAULT_ONLY = {
 # Accepted and without effect here: bookkeeping fields of OpenAI's API, and llama-server's cache switch (the cache is
 # always reused where the prompt allows; the output is the same either way).
 IGNORED = ("model", "user", "metadata", "store", "service_tier", "parallel_tool_calls", "cache_prompt")
-COMMON_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                 "stream", "stream_options", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "grammar", "json_schema", "response_format", "n_probs",
-                 *DEFAULT_ONLY, *IGNORED)
+COMMON_FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+                 "sampler_order", "stop", "stream", "stream_options", "repeat_penalty", "repeat_last_n",
+                 "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "json_schema", "response_format",
+                 "n_probs", *DEFAULT_ONLY, *IGNORED)
 CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
                *COMMON_FIELDS)
 COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
@@ -163,7 +164,9 @@ def _parse_common(body: dict, prompt, prompt_field: str) -> GenerationRequest:
                 "top_p": float(_bounded(body, "top_p", default=1.0)),
                 "top_k": _bounded(body, "top_k", default=0),
                 "min_p": float(_bounded(body, "min_p", default=0.0)),
-                "seed": _bounded(body, "seed")}
+                "seed": _bounded(body, "seed"),
+                "sampler_order": _optional(body, "sampler_order", lambda v: v in SAMPLER_ORDERS,
+                                           f"one of {', '.join(map(json.dumps, SAMPLER_ORDERS))}", OPENAI)}
     stream = _optional(body, "stream", lambda v: isinstance(v, bool), "true or false", False)
     options = _optional(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = _optional(options, "include_usage", lambda v: isinstance(v, bool), "true or false", False)

@@ -1,0 +1,164 @@
+"""The benchmark's peers: the exact commands bench_engine gives llama.cpp's tools (their defaults plus only what
+the case needs), the sampling each regime asks of both engines, and the llama-server client against a fake
+llama-server on 127.0.0.1 (tests/fake_llama_server.py)."""
+import json
+import re
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_asserts import find_llama_src
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import peers  # noqa: E402
+
+EXE = Path("/tools/llama-speculative-simple")
+DRAFT = peers.Case("T.gguf", "D.gguf", "draft-simple")
+MTP = peers.Case("T.gguf", None, "draft-mtp")
+GREEDY, FILTERS, TEMP = peers.parse_regimes("greedy,filters,temp", 0.8)
+CASE_FLAGS = ["-m", "T.gguf", "-md", "D.gguf", "-ngld", "99", "-c", "2048", "-ngl", "99",
+              "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "-p", "def f():", "-n", "128"]
+
+
+@pytest.mark.parametrize("regime, sampling", [
+    (GREEDY, ["--temp", "0"]),                                                      # no sampler chain
+    (FILTERS, ["--temp", "0.8"]),                                                   # llama.cpp's defaults
+    (TEMP, ["--temp", "0.8", "--top-k", "0", "--top-p", "1", "--min-p", "0"]),     # exactly the filters off
+])
+def test_speculative_simple_gets_the_case_and_the_regime_and_nothing_else(regime, sampling):
+    cmd = peers.speculative_simple_cmd(EXE, DRAFT, 3, regime, "def f():", 128)
+    assert cmd == [str(EXE), *CASE_FLAGS, *sampling]
+    for added in ("--samplers", "-t", "-td", "--threads", "--seed", "-s", "-fa", "--spec-draft-p-min",
+                  "--spec-draft-n-min"):
+        assert added not in cmd
+
+
+def test_the_mtp_case_has_no_draft_model_and_user_extras_come_last():
+    case = peers.Case("T.gguf", None, "draft-mtp", n_gpu_layers=20, no_repack=True, extra=("-fa", "on"))
+    cmd = peers.speculative_simple_cmd(EXE, case, 2, GREEDY, "p", 16)
+    assert cmd == [str(EXE), "-m", "T.gguf", "-c", "2048", "-ngl", "20", "--no-repack", "--spec-type", "draft-mtp",
+                   "--spec-draft-n-max", "2", "-p", "p", "-n", "16", "--temp", "0", "-fa", "on"]
+
+
+def test_servers_get_the_files_and_k_on_loopback_and_the_sampling_per_request():
+    server = peers.server_cmd(Path("/t/llama-server"), DRAFT, 5, 8123)
+    assert server == ["/t/llama-server", "-m", "T.gguf", "-md", "D.gguf", "-ngld", "99", "-c", "2048", "-ngl", "99",
+                      "--spec-type", "draft-simple", "--spec-draft-n-max", "5", "--host", "127.0.0.1", "--port", "8123"]
+    ik = peers.ik_server_cmd(Path("/ik/llama-server"), MTP, 3, 8124)
+    assert ik == ["/ik/llama-server", "-m", "T.gguf", "-c", "2048", "-ngl", "99", "--spec-type", "mtp:n_max=3,p_min=0.0",
+                  "--host", "127.0.0.1", "--port", "8124"]
+    assert peers.ik_server_cmd(Path("/ik/llama-server"), DRAFT, 4, 1)[1:8] == \
+        ["-m", "T.gguf", "-md", "D.gguf", "-ngld", "99", "-c"]
+    assert "draft:n_max=4,p_min=0.0" in peers.ik_server_cmd(Path("/ik/llama-server"), DRAFT, 4, 1)
+    body = {"prompt": "p", "n_predict": 64, "stream": False}
+    assert peers.request_body(GREEDY, "p", 64) == {**body, "temperature": 0.0}
+    assert peers.request_body(FILTERS, "p", 64) == {**body, "temperature": 0.8}
+    assert peers.request_body(TEMP, "p", 64) == {**body, "temperature": 0.8, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+def test_llamaspec_samples_the_distribution_each_regime_gives_the_peers():
+    assert GREEDY.llamaspec_kwargs() == {"temperature": 0.0}
+    assert FILTERS.llamaspec_kwargs() == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                                          "sampler_order": "llama.cpp"}
+    assert TEMP.llamaspec_kwargs() == {"temperature": 0.8}
+    with pytest.raises(ValueError, match="topk"):
+        peers.parse_regimes("greedy,topk", 0.8)
+
+
+def test_regime_filters_are_llama_cpps_own_defaults():
+    """The values and the order regime "filters" assumes, read from the vendored llama.cpp source."""
+    src = find_llama_src()
+    if src is None:
+        pytest.skip("llama.cpp source not found (benchmarks/build-llama-tools.sh unpacks it; or LLAMASPEC_LLAMA_SRC)")
+    header = (src.parent / "common" / "common.h").read_text()
+    sampling = header[header.index("struct common_params_sampling"):]
+    assert re.search(r"int32_t top_k\s*=\s*(\d+);", sampling).group(1) == str(peers.LLAMA_CPP_TOP_K)
+    assert float(re.search(r"float\s+top_p\s*=\s*([\d.]+)f;", sampling).group(1)) == peers.LLAMA_CPP_TOP_P
+    assert float(re.search(r"float\s+min_p\s*=\s*([\d.]+)f;", sampling).group(1)) == peers.LLAMA_CPP_MIN_P
+    chain = re.search(r"samplers = \{(.*?)\};", sampling, re.S).group(1)
+    order = [name for name in re.findall(r"COMMON_SAMPLER_TYPE_(\w+)", chain)
+             if name in ("TOP_K", "TOP_P", "MIN_P", "TEMPERATURE")]
+    assert order == ["TOP_K", "TOP_P", "MIN_P", "TEMPERATURE"]   # truncation first, temperature last
+    draft = header[header.index("struct common_params_speculative_draft"):]
+    assert re.search(r"int32_t n_min = (\d+);", draft).group(1) == "0"          # no --spec-draft-n-min needed
+    assert re.search(r"float\s+p_min\s*=\s*([\d.]+)f;", draft).group(1) == "0.0"  # nor --spec-draft-p-min
+    assert "LLAMA_FLASH_ATTN_TYPE_AUTO" in re.search(r"flash_attn_type\s*=\s*(\w+)", header).group(1)
+
+
+# -- the llama-server client against a fake server -------------------------------------------------------------
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    """A tools folder whose llama-server is the fake; the requests it saw land in a log."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    exe = folder / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "fake_llama_server.py").read_text())
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    return exe, log
+
+
+def test_peer_server_waits_for_health_and_reads_the_timings(fake_tools, tmp_path):
+    exe, log = fake_tools
+    port = peers.free_port()
+    with peers.PeerServer(peers.server_cmd(exe, DRAFT, 3, port), port, tmp_path / "server.log",
+                          start_timeout=30) as server:
+        got = server.complete(peers.request_body(TEMP, "hello", 50))
+        process = server.process
+    assert got == {"tokens": 50, "seconds": pytest.approx(0.2), "drafted": 100, "accepted": 50, "per_second": 250.0}
+    assert json.loads(log.read_text()) == peers.request_body(TEMP, "hello", 50)
+    assert process.poll() is not None   # stopped on close
+
+
+def test_a_server_that_cannot_start_says_why(fake_tools, tmp_path, monkeypatch):
+    exe, _ = fake_tools
+    monkeypatch.setenv("FAKE_SERVER_FAIL", "1")
+    port = peers.free_port()
+    with pytest.raises(RuntimeError, match="exited .* cannot load the model"):
+        peers.PeerServer(peers.server_cmd(exe, DRAFT, 3, port), port, tmp_path / "server.log", start_timeout=30)
+
+
+def _bench_engine():
+    pytest.importorskip("llama_cpp")
+    import bench_engine
+
+    return bench_engine
+
+
+def test_bench_runs_one_server_per_k_every_regime_one_request_at_a_time(fake_tools):
+    bench = _bench_engine()
+    exe, log = fake_tools
+    prompts = ["a", "b"]
+    results = bench.server_results("llama-server", exe, "", DRAFT, 3, [GREEDY, FILTERS, TEMP], prompts, 32, 30)
+    assert [(r.regime, r.k, r.tokens, r.skipped) for r in results] == \
+        [("greedy", 3, 64, ""), ("filters", 3, 64, ""), ("temp", 3, 64, "")]
+    assert all(r.tps == pytest.approx(250.0) and r.drafted == 128 and r.accepted == 64 for r in results)
+    bodies = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(bodies) == 1 + 3 * len(prompts)   # one warm-up, then each regime's prompts
+    assert bodies[1:] == [peers.request_body(r, p, 32) for r in (GREEDY, FILTERS, TEMP) for p in prompts]
+    assert results[2].cmd.startswith(f"{exe} -m T.gguf") and "--spec-draft-n-max 3" in results[2].cmd
+    assert '"top_k": 0' in results[2].cmd and "top_k" not in results[1].cmd   # the request shown beside the row
+
+
+def test_peers_that_cannot_run_get_rows_saying_why(fake_tools, monkeypatch, tmp_path):
+    bench = _bench_engine()
+    exe, _ = fake_tools
+
+    class Args:
+        tools, ik_tools = exe.parent, None
+
+    assert bench.peer_binary(Args, "ik", MTP) == (None, "no --ik-tools folder given")
+    assert bench.peer_binary(Args, "speculative-simple", MTP)[1].endswith("llama-speculative-simple not found")
+    Args.ik_tools = exe.parent
+    eagle = peers.Case("T.gguf", "E.gguf", "draft-eagle3")
+    assert bench.peer_binary(Args, "ik", eagle) == (exe, "")
+    assert bench.peer_binary(Args, "ik", peers.Case("T.gguf", "X.gguf", "draft-dspark"))[1] == \
+        "ik_llama.cpp has no draft-dspark drafting"
+    results = bench.server_results("ik", None, "no --ik-tools folder given", MTP, 2, [GREEDY, TEMP], ["a"], 8, 30)
+    assert [r.skipped for r in results] == ["no --ik-tools folder given"] * 2
+    monkeypatch.setenv("FAKE_SERVER_FAIL", "1")
+    failed = bench.server_results("llama-server", exe, "", MTP, 2, [GREEDY], ["a"], 8, 30)
+    assert failed[0].skipped.startswith("failed: the server exited") and failed[0].cmd.startswith(str(exe))
