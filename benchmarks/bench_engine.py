@@ -220,9 +220,9 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) ->
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
             p_min = float(p_min) if p_min else None
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
-            pair.set_policy(policy)
             label = f"fixed k={k}" if name == "fixed" else mode
-            steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None
+            steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
+            pair.set_policy(policy)
             rows.append(run_mode(pair, label, prompts, a.tokens, regime))
             if steps is not None:   # what it measured explains what it chose
                 states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "

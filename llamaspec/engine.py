@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .policy import Costs, DraftPolicy, FixedPolicy, _check_k, make_policy
+from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
+from .policy.calibration import measure_costs
 from .sampling import OPENAI, SamplerConfig, as_dist, filter_logits
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
@@ -78,45 +78,21 @@ class Pair:
 
     def set_policy(self, policy: DraftPolicy) -> None:
         self.policy = policy if self.drafter is not None else FixedPolicy(0)
-        tell = getattr(self.policy, "set_draft_cost", None)   # a DraftPolicy has it; a duck-typed one may not
-        if self.drafter is not None and tell is not None:
-            tell(self.drafter.draft_cost)
-        shadows = getattr(self.policy, "enable_shadow_probes", None)
-        if self.drafter is not None and shadows is not None:
-            shadows()
-        calibrate = getattr(self.policy, "calibrate", None)
-        if self.drafter is not None and calibrate is not None and self.costs is not None:
-            calibrate(self.costs)
-        self._shadow_len = getattr(self.policy, "shadow_len", lambda: 0)
+        self._hooks = Hooks(self.policy)
+        if self.drafter is not None:
+            self._hooks.attach(self.drafter.draft_cost, self.costs)
 
     def warm_up(self, k_max: int | None = None) -> None:
-        """Run every draft length up to k_max (the policy's), greedy three steps each and then sampled once each, and
-        forget the text. On a GPU the first pass of each batch size loads its kernels and builds its graphs, which
-        would otherwise be timed by the first request (and could make `auto` judge that no draft pays); the third
-        greedy step of each size runs warm, and what those took becomes `costs`, which every policy taken from here
-        on starts from (DraftPolicy.calibrate). load_pair calls it on GPU targets."""
+        """Run every draft length up to k_max (the policy's) and keep what the warm passes took as `costs`, which
+        every policy taken from here on starts from (DraftPolicy.attach); the text is forgotten
+        (policy/calibration.py). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
-        if k_max is not None:
-            _check_k("k_max", k_max, 1)
-        policy, k_max = self.policy, min(k_max or getattr(self.policy, "k_max", 0) or 1, 16)
-        prompt = self.tokenize("warm up")
+        policy = self.policy
         try:
-            for temperature, repeats in ((0.0, 3), (0.8, 1)):
-                self.policy = sweep = _Sweep(k_max, repeats)
-                for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next
-                    for _ in self.stream(prompt, max_tokens=repeats * (k_max + 1) ** 2, temperature=temperature,
-                                         seed=1):
-                        if sweep.done:
-                            break
-                    if sweep.done:
-                        break
-                if repeats > 1:
-                    self.costs = sweep.costs()
+            self.costs = measure_costs(self, k_max) or self.costs
         finally:
             self.set_policy(policy)
-            self.reset()
-            self.last_stats = None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.target.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -296,9 +272,7 @@ class Pair:
         # regenerated answer) restarts here. A prompt that extends the whole history needs no checkpoint at all.
         ctx.checkpoint(turn=True)
         self._history = list(history)
-        new_request = getattr(self.policy, "new_request", None)   # a DraftPolicy has it; a duck-typed one may not
-        if new_request is not None:
-            new_request()
+        self._hooks.new_request()
         if self.drafter is not None:  # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
         return cached
@@ -311,7 +285,7 @@ class Pair:
         k = max(min(self.policy.next_draft_len(), room, budget - 1, self.target_ctx.n_batch - 1), 0)
         # a shadow probe: the drafter proposes one token that the target does not verify (its pass stays one token,
         # which a GPU replays from a captured graph); the token the target emits judges it
-        shadow = not k and room > 0 and self.drafter is not None and self._shadow_len() > 0
+        shadow = not k and room > 0 and self.drafter is not None and self._hooks.shadow_len() > 0
 
         # 1. draft
         t0 = time.perf_counter()
@@ -374,7 +348,7 @@ class Pair:
         self._last = next_token
         t4 = time.perf_counter()
         if probe is not None:
-            self.policy.shadow(chance, t1 - t0 + (t4 - t3))
+            self._hooks.shadow(chance, t1 - t0 + (t4 - t3))
 
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
@@ -382,47 +356,6 @@ class Pair:
         self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0) + (t4 - t3), t3 - t1)
         stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
-
-
-class _Sweep(DraftPolicy):
-    """Draft k_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row (Pair.warm_up).
-    From the third pass of a size in a row on, its passes run warm: costs() tells what those took, and how much
-    more the first two took."""
-
-    name = "sweep"
-
-    def __init__(self, k_max: int, repeats: int = 1):
-        self.k = self.k_max = k_max
-        self.repeats = self._left = repeats
-        self.done = False
-        self._last_n = self._run = 0
-        self._warm: dict[int, list[float]] = {}
-        self._cold: dict[int, list[float]] = {}
-        self._draft: list[float] = []
-
-    def next_draft_len(self) -> int:
-        return self.k
-
-    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        n = drafted + 1
-        self._run = self._run + 1 if n == self._last_n else 1
-        self._last_n = n
-        if self._run >= 3:
-            self._warm.setdefault(n, []).append(verify_seconds)
-            if drafted:
-                self._draft.append(draft_seconds / drafted)
-        else:
-            self._cold.setdefault(n, []).append(verify_seconds)
-        self._left -= 1
-        if not self._left:
-            self.k, self._left = self.k - 1, self.repeats
-            self.done = self.k < 0
-            self.k = max(self.k, 0)
-
-    def costs(self) -> Costs:
-        verify = {n: median(seconds) for n, seconds in sorted(self._warm.items())}
-        excess = [c - verify[n] for n, seconds in self._cold.items() if n in verify for c in seconds]
-        return Costs(verify, median(self._draft) if self._draft else None, excess)
 
 
 def shadow_acceptance(probe, emitted: int, target_probs) -> float:

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, make_policy
+from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
 
 WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
 
@@ -89,17 +89,15 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     `run_on` once the one before it was (greedy decoding, where agreement comes in runs)."""
     rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
-    getattr(policy, "enable_shadow_probes", lambda: None)()   # as Pair.set_policy does
-    if machine.gpu:
-        getattr(policy, "calibrate", lambda costs: None)(machine.costs(policy.k_max))
-    shadow_len = getattr(policy, "shadow_len", lambda: 0)
+    hooks = Hooks(policy)   # as Pair.set_policy takes a policy
+    hooks.attach("per_token", machine.costs(policy.k_max) if machine.gpu else None)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
 
     for _ in range(requests):
         start = out.seconds
-        getattr(policy, "new_request", lambda: None)()
+        hooks.new_request()
         out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
         history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
         in_draft = 0                        # history tokens the drafter holds
@@ -111,7 +109,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
         last_k, drafted_yet = 0, False
         while n_out < max_tokens:
             k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
-            shadow = not k and shadow_len() > 0
+            shadow = not k and hooks.shadow_len() > 0
             setup = draft = 0.0
             if k or shadow:
                 missing = history - in_draft
@@ -124,7 +122,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
             if shadow:   # judged against the token the target emits; the target's pass stays one token
-                policy.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
+                hooks.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
                 out.shadows += 1
                 setup = draft = 0.0
             last_k = k

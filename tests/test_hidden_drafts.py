@@ -154,7 +154,7 @@ def test_a_dflash_block_is_one_pass_and_its_first_row_is_right(models):
         # per step: one block decode, plus the feed of the accepted tokens' features (prefill: 2 feeds)
         assert pair.draft_ctx.decode_calls - calls <= 2 * steps + 2
         pair.set_policy(make_policy("auto"))          # auto prices the block as one pass, not per token
-        assert pair.policy._draft_units(7) == 1
+        assert pair.policy.model.draft_units(7) == 1
     assert c.tokens == plain_tokens(models["bigram"], prompt, 30)
 
 
