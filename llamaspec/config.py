@@ -12,15 +12,12 @@ from typing import Sequence
 
 from . import bounds
 from .errors import InvalidParameterError
+from .kinds import DRAFTER_KINDS, MTP_DRAFTERS  # noqa: F401  (where draft tokens come from: kinds.py)
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
-# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/); "mtp" is the target's own
-# multi-token-prediction head (no draft model); "eagle3" and "dflash" are drafts that read the target's hidden states
-DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp", "eagle3", "dflash")
-MTP_DRAFTERS = ("mtp", "lookup+mtp")
 
 DEFAULT_N_CTX = 4096
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import IncompatiblePairError
+from ..kinds import HIDDEN_DRAFT_ARCHS
 from .reader import ModelInfo
 
-HIDDEN_DRAFT_ARCHS = ("eagle3", "dflash")   # == the drafter kinds that use them
 
 # Target archs whose graph records every layer's input (`res->t_layer_inp[il]` in src/models/*.cpp). Checked with
 # the test-llama-archs models: each of these decodes with a tap on every layer; the other archs that tool writes

@@ -22,6 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ..config import CACHE_TYPES, DRAFTER_KINDS, POLICY_NAMES
+from ..kinds import NO_DRAFT_FILE
 from ..errors import RegistryError
 # the download side, also reachable from here (registry.pull, registry.hf_cache_dir, ...)
 from .download import (HUB_URL, _existing_local, cached_path, downloaded, fetch, hf_cache_dir,  # noqa: F401
@@ -58,8 +59,6 @@ _MODEL_FIELDS = {
     "size_gb": ((int, float), "a number"),
 }
 _ROLES = ("target", "draft")
-# drafters that need no draft model: a pair of one of them may leave `draft` out (e.g. a target with its MTP head)
-_NO_DRAFT_MODEL = ("lookup", "mtp", "lookup+mtp")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,7 +252,7 @@ def _parse_pair(name: str, table, path: Path, text: str) -> PairEntry:
             fields[key] = _typed(where, key, value, _PAIR_FIELDS[key])
         elif key not in {*_ROLES, "target_path", "draft_path"}:
             raise RegistryError(f"{where}: {_unknown_key_message(key, value, name)}")
-    optional = ("draft",) if fields.get("drafter") in _NO_DRAFT_MODEL else ()
+    optional = ("draft",) if fields.get("drafter") in NO_DRAFT_FILE else ()   # e.g. a target with its MTP head
     refs = {role: _parse_model(where, role, table, path.parent, role in optional) for role in _ROLES}
     entry = PairEntry(name=name, **refs, **fields, source=str(path))
     _check_values(where, entry)
