@@ -11,6 +11,7 @@ one code path. Layers, as in mlx-lm: `generate_tokens` owns the steps and the ca
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -18,9 +19,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .config import DraftSettings, LoadConfig
 from .drafters import Drafter, Sampling, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
+from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
 from .policy.calibration import measure_costs
 from .sampling import OPENAI, SamplerConfig, as_dist, filter_logits
 from .shaping import Shaper, Shaping
@@ -40,8 +42,10 @@ class Completion:
 class Pair:
     """A target model with an optional drafter. Not thread-safe: one generation at a time."""
 
-    def __init__(self, target, target_ctx, drafter: Drafter | None = None, policy: DraftPolicy | None = None):
+    def __init__(self, target, target_ctx, drafter: Drafter | None = None, policy: DraftPolicy | None = None,
+                 config: LoadConfig | None = None):
         self.target, self.target_ctx = target, target_ctx
+        self.config = config if config is not None else LoadConfig()   # as load_pair resolved it
         self.drafter = drafter
         self.n_vocab = target.n_vocab
         self.costs: Costs | None = None   # what the passes cost, measured by warm_up
@@ -81,6 +85,13 @@ class Pair:
         self._hooks = Hooks(self.policy)
         if self.drafter is not None:
             self._hooks.attach(self.drafter.draft_cost, self.costs)
+
+    def set_drafting(self, drafting: DraftSettings) -> None:
+        """Draft by other settings (a policy name, k, k_min, p_min; the drafter stays): the policy they name
+        replaces the current one, and `config.drafting` says so."""
+        drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
+        self.set_policy(policy_for(drafting))
+        self.config = dataclasses.replace(self.config, drafting=drafting)
 
     def warm_up(self, k_max: int | None = None) -> None:
         """Run every draft length up to k_max (the policy's) and keep what the warm passes took as `costs`, which

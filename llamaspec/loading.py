@@ -13,7 +13,7 @@ from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from .gguf.hidden_pair import check_hidden_pair
 from .gguf.reader import ModelInfo, check_pair, read_model_info
 from .kinds import drafter_kind, kind_for_file
-from .policy import DraftPolicy, make_policy
+from .policy import DraftPolicy, policy_for
 
 
 def rs_snapshots(config: ModelConfig, policy: DraftPolicy) -> int:
@@ -63,13 +63,13 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     if draft is not None:
         draft_info = read_model_info(draft)
         kind = drafter_kind(kind_for_file(kind.name, draft_info.arch, draft_info.path))
+        config = config.replace(drafter=kind.name)   # the pair keeps its config as resolved
         check_pair(target_info, draft_info)
         check_hidden_pair(target_info, draft_info)
     elif kind.draft_file == "arch":
         raise InvalidParameterError(f"drafter {kind.name!r} needs its draft GGUF (draft=...)", param="draft")
     if policy_obj is None:
-        policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min,
-                                 n_batch=config.target.n_batch)
+        policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
     if kind.source == "mtp":
         _check_mtp_header(target_info, draft, kind.name)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
@@ -90,7 +90,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         target_model.close()
         raise
     if not speculative:
-        return Pair(target_model, target_ctx, None, policy_obj)
+        return Pair(target_model, target_ctx, None, policy_obj, config)
     if not target_ctx.rollback.speculative:
         name = target_ctx.rollback.describe()
         target_ctx.close()
@@ -106,7 +106,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         target_ctx.close()
         target_model.close()
         raise
-    return _ready(Pair(target_model, target_ctx, make_drafter(kind.name, target_model, draft_ctx), policy_obj), config)
+    drafter = make_drafter(kind.name, target_model, draft_ctx)
+    return _ready(Pair(target_model, target_ctx, drafter, policy_obj, config), config)
 
 
 def _draft_context(source: str, target_ctx, draft: str | None, draft_info: ModelInfo | None, config: LoadConfig):

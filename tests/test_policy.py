@@ -422,3 +422,23 @@ def test_phases_on_a_machine_where_no_draft_pays():
     for _ in range(4):                                             # two cold plain passes, then warm ones
         p.update(p.next_draft_len(), 0, 0.0, 1.0)
     assert p.phase is Phase.OFF and p.next_draft_len() == 0
+
+
+# -- the drafting settings (config.DraftSettings) ------------------------------------------------------------------
+def test_draft_settings_are_checked_once_and_change_by_replace():
+    from llamaspec.config import DraftSettings, LoadConfig
+    from llamaspec.policy import policy_for
+
+    config = LoadConfig.from_kwargs(policy="threshold", draft_max=6, draft_min=2, draft_p_min=0.5, n_ctx=1024)
+    assert config.drafting == DraftSettings("threshold", 6, 2, 0.5)
+    assert (config.policy, config.draft_max, config.draft_min, config.draft_p_min) == ("threshold", 6, 2, 0.5)
+    assert config.replace(n_ctx=2048).drafting is config.drafting        # other settings leave it as it is
+    p = policy_for(config.drafting)
+    assert (p.name, p.k_min, p.k_max, p.p_min) == ("threshold", 2, 6, 0.5)
+    changed = config.drafting.with_named(policy="fixed")
+    assert changed == dataclasses.replace(config.drafting, policy="fixed") and policy_for(changed).k == 6
+    assert config.drafting.with_named(policy=None, draft_max=None).named() == \
+        {"policy": "auto", "draft_max": None, "draft_min": 2, "draft_p_min": 0.5}
+    for bad in (dict(policy="fastest"), dict(draft_max=-1), dict(drafter="telepathy"), dict(draft_min=1.5)):
+        with pytest.raises(InvalidParameterError, match=next(iter(bad))):
+            LoadConfig.from_kwargs(**bad)

@@ -2,7 +2,8 @@
 (auto.py: its cost model in costs.py, its tuning in tuning.py), the load-time calibration (calibration.py)."""
 from __future__ import annotations
 
-from ..config import POLICY_NAMES
+from .. import bounds
+from ..config import POLICY_NAMES, DraftSettings
 from ..errors import InvalidParameterError
 from .auto import AutoPolicy, Phase
 from .base import Costs, DraftPolicy, Hooks, check_k, check_p
@@ -32,5 +33,10 @@ def make_policy(name: str = "auto", *, k: int | None = None, k_min: int | None =
                                 param="policy")
 
 
+def policy_for(drafting: DraftSettings, n_batch: int | None = None) -> DraftPolicy:
+    """The policy a DraftSettings names, with its settings (within what a batch of `n_batch` verifies)."""
+    return make_policy(drafting.policy, k=drafting.k, k_min=drafting.k_min, p_min=drafting.p_min, n_batch=n_batch)
+
+
 __all__ = ["AutoPolicy", "AutoTuning", "ConfidencePolicy", "Costs", "DraftPolicy", "FixedPolicy", "Hooks", "Phase",
-           "POLICY_NAMES", "ThresholdPolicy", "check_k", "check_p", "make_policy"]
+           "POLICY_NAMES", "ThresholdPolicy", "check_k", "check_p", "make_policy", "policy_for"]

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from starlette.applications import Starlette
@@ -29,7 +30,7 @@ from starlette.routing import Route
 
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError, LlamaspecError
-from ..policy import make_policy
+from ..policy import policy_for
 from .formats import APIError, EventStream, Gone, ResponseFormat, error_for, invalid, next_event, wait_disconnect
 from .guard import CountRequests, Guard, cors_options
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -46,7 +47,6 @@ class ServerConfig:
     admin_key: str | None = None      # None: the api key guards admin routes too; neither: admin is off
     max_queue: int = 16               # requests allowed to wait while one generates
     max_body_bytes: int = 4 << 20
-    policy_settings: dict = field(default_factory=dict)  # policy, draft_max, draft_min, draft_p_min at start
     read_timeout: float = 30.0        # seconds for a request's headers, and again for its body
     bound_host: str = "127.0.0.1"     # the --host, accepted in Host headers along with IPs and localhost names
     allowed_hosts: tuple[str, ...] = ()   # more Host names ('*': any)
@@ -54,7 +54,7 @@ class ServerConfig:
 
 
 _POLICY_PARAMS = {"policy": "policy", "k": "draft_max", "k_max": "draft_max", "k_min": "draft_min",
-                  "p_min": "draft_p_min"}  # make_policy's names -> the admin API's
+                  "p_min": "draft_p_min", "draft_max": "draft_max", "draft_min": "draft_min"}   # -> the admin API's
 
 
 class _ClientGone(Exception):
@@ -74,7 +74,6 @@ class Service:
             self.template, self.template_error = None, str(e)
         self.metrics = ServerMetrics(self._draft_state, lambda: self.worker.depth)
         self.worker = Worker(pair, self.metrics, config.max_queue, self.template)
-        self.policy_settings = dict(config.policy_settings)
         self.stopping = False
 
     def _draft_state(self) -> dict[str, float]:
@@ -206,7 +205,7 @@ class Service:
 
     def policy_view(self) -> dict:
         return {"policy": self.pair.policy.describe() if self.pair.speculative else None,
-                "settings": self.policy_settings}
+                "settings": self.pair.config.drafting.named()}
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
@@ -243,15 +242,15 @@ class Service:
         if not self.pair.speculative:
             raise APIError(400, "this server runs without a drafter: there is no draft policy to change",
                            code="no_drafter")
-        n_batch = self.pair.target_ctx.n_batch
-        settings = parse_policy_update(body, self.policy_settings, n_batch)
+        # the pair's settings as loaded (a --pair entry's draft_max too), changed by what the body gives
+        drafting, n_batch = self.pair.config.drafting, self.pair.target_ctx.n_batch
         try:
-            policy = make_policy(settings.get("policy") or "auto", k=settings.get("draft_max"),
-                                 k_min=settings.get("draft_min"), p_min=settings.get("draft_p_min"), n_batch=n_batch)
+            drafting = drafting.with_named(**parse_policy_update(body, drafting.named(), n_batch))
+            policy = policy_for(drafting, n_batch)
         except InvalidParameterError as e:
             raise invalid(_POLICY_PARAMS.get(e.param, e.param), str(e))
         await asyncio.wrap_future(self.worker.set_policy(policy))
-        self.policy_settings = settings
+        self.pair.config = dataclasses.replace(self.pair.config, drafting=drafting)
         return JSONResponse(self.policy_view())
 
     # -- lifecycle --------------------------------------------------------------------------------------------
