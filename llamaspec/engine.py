@@ -20,11 +20,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .config import DraftSettings, LoadConfig
-from .drafters import Drafter, Sampling, common_prefix_len
+from .drafters import Drafter, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
 from .policy.calibration import measure_costs
-from .sampling import OPENAI, SamplerConfig, as_dist, filter_logits
+from .sampling import OPENAI, SamplerConfig, Sampling, as_dist, filter_logits
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
@@ -379,10 +379,3 @@ def shadow_acceptance(probe, emitted: int, target_probs) -> float:
         return float(x == emitted)
     p, q = as_dist(target_probs(0)).prob(x), as_dist(probe.probs[0]).prob(x)
     return min(1.0, p / q) if q > 0 else 0.0
-
-
-# load_pair lives in loading.py; it is re-exported here for the callers that import it from the engine
-def load_pair(*args, **kwargs) -> Pair:
-    from .loading import load_pair as _load_pair
-
-    return _load_pair(*args, **kwargs)

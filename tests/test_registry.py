@@ -489,7 +489,7 @@ def test_unknown_pair_on_the_command_line_is_one_line():
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_engine_loads_the_test_pair_by_name(real_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     with load_pair("test", n_ctx=256, n_gpu_layers=0) as pair:
         assert pair.draft is not None

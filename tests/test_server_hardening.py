@@ -44,7 +44,7 @@ def target(tiny_models):
 
 @pytest.fixture(scope="module")
 def pair(tiny_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     p = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=N_CTX, n_threads=1)
     yield p

@@ -541,7 +541,7 @@ def utf8_argument(text: str | None, name: str) -> str | None:
 
 def decode_utf8(data: bytes, source: str) -> str:
     """Input text is UTF-8; anything else is an error naming the first bad byte (never silently replaced)."""
-    from ..bench.prompts import PromptFileError
+    from ..errors import PromptFileError
 
     try:
         return data.decode("utf-8")

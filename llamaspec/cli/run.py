@@ -14,7 +14,7 @@ from .options import (Command, decode_utf8, handle_errors, load_pair_from_option
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """PROMPT, the text of -f FILE, or stdin for `-` (either form); all of them UTF-8."""
-    from ..bench.prompts import PromptFileError
+    from ..errors import PromptFileError
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt as an argument or with -f FILE, not both")

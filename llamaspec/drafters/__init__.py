@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ..kinds import drafter_kind
-from .base import Draft, Drafter, Sampling, common_prefix_len
+from .base import Draft, Drafter, common_prefix_len
 from .dflash import DFlashDrafter
 from .eagle3 import Eagle3Drafter
 from .lookup import CombinedDrafter, PromptLookupDrafter
@@ -33,5 +33,5 @@ def make_drafter(kind: str, target, draft_ctx=None) -> Drafter | None:
     return cls(draft_ctx, target.n_vocab) if draft_ctx is not None else None
 
 
-__all__ = ["Draft", "Drafter", "Sampling", "make_drafter", "common_prefix_len", "ModelDrafter",
+__all__ = ["Draft", "Drafter", "make_drafter", "common_prefix_len", "ModelDrafter",
            "PromptLookupDrafter", "CombinedDrafter", "MTPDrafter", "Eagle3Drafter", "DFlashDrafter"]

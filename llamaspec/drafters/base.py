@@ -7,17 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kinds import KINDS
-from ..sampling import SamplerConfig
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling mode of a generation: the filter settings and the random stream (greedy has none). `device`: every
-    context filters on the device (llama.cpp's sampler chains, Context.eval_dists), draft and target alike."""
-
-    config: SamplerConfig
-    rng: np.random.Generator
-    device: bool = False
+from ..sampling import Sampling
 
 
 @dataclass

@@ -133,14 +133,6 @@ class ModelInfo:
         return len(self.tokens)
 
     @property
-    def vocab_model(self) -> str | None:
-        return self.metadata.get("tokenizer.ggml.model")
-
-    @property
-    def vocab_pre(self) -> str | None:
-        return self.metadata.get("tokenizer.ggml.pre")
-
-    @property
     def bos_id(self) -> int | None:
         return self.metadata.get("tokenizer.ggml.bos_token_id")
 
@@ -151,10 +143,6 @@ class ModelInfo:
     @property
     def add_bos(self) -> bool | None:
         return self.metadata.get("tokenizer.ggml.add_bos_token")
-
-    @property
-    def add_eos(self) -> bool | None:
-        return self.metadata.get("tokenizer.ggml.add_eos_token")
 
     @property
     def chat_template(self) -> str | None:
