@@ -11,7 +11,8 @@ from .drafters import make_drafter
 from .engine import Pair
 from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from .gguf.hidden_pair import check_hidden_pair
-from .gguf.reader import ModelInfo, check_pair, read_model_info
+from .gguf.compat import check_pair
+from .gguf.reader import ModelInfo, read_model_info
 from .kinds import drafter_kind, kind_for_file
 from .policy import DraftPolicy, policy_for
 

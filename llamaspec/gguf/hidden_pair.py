@@ -85,7 +85,7 @@ def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
 
 def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     """Why an EAGLE-3/DFlash draft cannot run with this target (None: it can). The vocabulary rule
-    (reader.pair_mismatch) is checked separately."""
+    (compat.pair_mismatch) is checked separately."""
     info = hidden_draft_info(draft)
     if info is None:
         return None

@@ -19,15 +19,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..errors import IncompatiblePairError, ModelFileError
+from ..errors import ModelFileError
 from .limits import header_problem
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# llama.cpp's common_speculative_are_compatible: token text is compared from this id up.
-VOCAB_CHECK_START_ID = 5
-VOCAB_MAX_SIZE_DIFFERENCE = 128
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
@@ -414,42 +411,3 @@ def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
     if problem is not None:
         raise ModelFileError(f"{path}: {problem}; the file is damaged or was not made for llama.cpp")
     return info
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Pair compatibility (llama.cpp's rule, plus the pre-tokenizer)
-# ---------------------------------------------------------------------------------------------------------------
-
-def pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
-    """The first reason the draft cannot speculate for the target, or None when they are compatible."""
-    for label, key in (("vocabulary type", "tokenizer.ggml.model"), ("pre-tokenizer", "tokenizer.ggml.pre"),
-                       ("add-BOS flag", "tokenizer.ggml.add_bos_token"),
-                       ("add-EOS flag", "tokenizer.ggml.add_eos_token")):
-        t, d = target.get(key), draft.get(key)
-        if t != d:
-            return f"{label} ({key}) differs: target {t!r}, draft {d!r}"
-    if target.add_bos and target.bos_id != draft.bos_id:
-        return f"BOS token id differs: target {target.bos_id}, draft {draft.bos_id}"
-    if target.eos_id != draft.eos_id:
-        return f"EOS token id differs: target {target.eos_id}, draft {draft.eos_id}"
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
-        return (f"vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE}: "
-                f"target {target.n_vocab}, draft {draft.n_vocab}")
-    n = min(target.n_vocab, draft.n_vocab)
-    if target.tokens[VOCAB_CHECK_START_ID:n] != draft.tokens[VOCAB_CHECK_START_ID:n]:
-        for i in range(VOCAB_CHECK_START_ID, n):
-            if target.tokens[i] != draft.tokens[i]:
-                t = target.tokens[i].decode("utf-8", errors="replace")
-                d = draft.tokens[i].decode("utf-8", errors="replace")
-                return f"token {i} differs: target {t!r}, draft {d!r}"
-    return None
-
-
-def check_pair(target: ModelInfo, draft: ModelInfo) -> None:
-    """Raise IncompatiblePairError naming both files and the first mismatch."""
-    reason = pair_mismatch(target, draft)
-    if reason is not None:
-        raise IncompatiblePairError(
-            f"draft {draft.path} cannot speculate for target {target.path}: {reason}. "
-            "Target and draft must share one tokenizer (e.g. the same model family)."
-        )
