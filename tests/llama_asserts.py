@@ -1,4 +1,4 @@
-"""The architecture lists of llamaspec/gguf/limits.py, derived from a llama.cpp source tree, so a test can tell
+"""The architecture lists of llamaspec/gguf/graph_archs.py, derived from a llama.cpp source tree, so a test can tell
 when a newer llama.cpp changes them.
 
 From src/models/*.cpp: the graph builders whose top level asserts `n_embd_head == hparams.n_embd_head_k()` (or

@@ -181,15 +181,15 @@ def test_real_models_pass_the_checks(real_models):
 
 def test_architecture_tables_match_the_llama_cpp_source():
     from llama_asserts import find_llama_src, graph_asserts
-    from llamaspec.gguf import limits
+    from llamaspec.gguf import graph_archs
 
     src = find_llama_src()
     if src is None:
         pytest.skip("llama.cpp source not found (benchmarks/build-llama-tools.sh unpacks it)")
     k_eq_v, head_is_rot, query_is_n_embd = graph_asserts(src)
-    assert limits.HEAD_K_EQ_V_ARCHS == k_eq_v
-    assert limits.HEAD_IS_ROT_ARCHS == head_is_rot
-    assert limits.QUERY_IS_N_EMBD_ARCHS == query_is_n_embd
+    assert graph_archs.HEAD_K_EQ_V_ARCHS == k_eq_v
+    assert graph_archs.HEAD_IS_ROT_ARCHS == head_is_rot
+    assert graph_archs.QUERY_IS_N_EMBD_ARCHS == query_is_n_embd
 
 
 # ---------------------------------------------------------------------------------------------------------------
