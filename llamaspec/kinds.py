@@ -29,6 +29,7 @@ class DrafterKind:
     title: str = ""                 # how messages name its draft file ("an EAGLE-3 draft")
     draft_cost: str = "per_token"   # how drafting time grows with k: one pass per token, or one per draft
     parts: tuple[str, ...] = ()     # a combination: these kinds, tried in this order
+    sidecar: str = ""               # the file-name prefix of its draft files in a Hugging Face repo ("mtp-")
 
     @property
     def draft_file(self) -> str:
@@ -41,11 +42,12 @@ KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("model", "draft-simple", "draft", "model:ModelDrafter"),
     DrafterKind("lookup", "ngram-simple", "prompt", "lookup:PromptLookupDrafter"),
     DrafterKind("lookup+model", None, "draft", "lookup:CombinedDrafter", parts=("lookup", "model")),
-    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter"),
+    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", sidecar="mtp-"),
     DrafterKind("lookup+mtp", None, "mtp", "lookup:CombinedDrafter", parts=("lookup", "mtp")),
-    DrafterKind("eagle3", "draft-eagle3", "hidden", "eagle3:Eagle3Drafter", title="an EAGLE-3 draft"),
+    DrafterKind("eagle3", "draft-eagle3", "hidden", "eagle3:Eagle3Drafter", title="an EAGLE-3 draft",
+                sidecar="eagle3-"),
     DrafterKind("dflash", "draft-dflash", "hidden", "dflash:DFlashDrafter", title="a DFlash draft",
-                draft_cost="per_pass"),
+                draft_cost="per_pass", sidecar="dflash-"),
 )}
 
 DRAFTER_KINDS = tuple(KINDS)

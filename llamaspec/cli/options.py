@@ -8,11 +8,11 @@ import traceback
 
 import click
 
-from .. import kinds
 from ..config import (CACHE_TYPES, DEFAULT_N_CTX, DRAFTER_KINDS, FLASH_ATTN_MODES, MTP_DRAFTERS, POLICY_NAMES,
                       SPLIT_MODES, LoadConfig, ModelConfig)
 from .. import bounds
 from ..errors import InvalidParameterError, LlamaspecError
+from ..kinds import COMBINATIONS, KINDS, SPEC_TYPES
 from ..sampling import LLAMA_CPP, SAMPLER_ORDERS, parse_samplers
 
 EXIT_ERROR = 1
@@ -255,7 +255,7 @@ def hf_options() -> list:
 
 # llama.cpp's --spec-type names -> llamaspec's drafter kinds (a comma-separated pair: lookup first, as llama.cpp
 # tries its n-gram drafters before the model ones)
-SPEC_TYPES, _SPEC_PAIRS = kinds.SPEC_TYPES, kinds.COMBINATIONS
+_SPEC_PAIRS = COMBINATIONS
 _SPEC_ELSEWHERE = ("draft-dspark", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
                    "ngram-cache")
 
@@ -407,7 +407,7 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     drafter, plain = chosen_drafter(opts)
-    if drafter and kinds.KINDS[drafter].draft_file == "model" and not draft and opts.get("spec_type") and not opts.get("no_draft"):
+    if drafter and KINDS[drafter].draft_file == "model" and not draft and opts.get("spec_type") and not opts.get("no_draft"):
         raise click.UsageError(f"--spec-type {opts['spec_type']} needs a draft model: add -md DRAFT.gguf")
     if opts.get("no_draft") or plain:
         draft = None
