@@ -171,7 +171,7 @@ def test_run_help_says_what_it_does_with_input_that_is_not_utf8():
     ("{{ messages[0].content.nope() }}", "has no attribute 'nope'"),
 ])
 def test_chat_template_that_fails_is_one_line_error(template, fragment, tmp_path):
-    from gguf_crafted import STRING, tiny_llama
+    from support.gguf_crafted import STRING, tiny_llama
 
     model = tiny_llama().set("tokenizer.chat_template", STRING, template).write(tmp_path / "templated.gguf")
     result = invoke(["run", "-m", model, "--chat", "-n", "1", "hi"])

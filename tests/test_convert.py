@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
-from gguf_factory import make_tiny_model
+from support.gguf_factory import make_tiny_model
 
 import llamaspec
 from llamaspec.gguf.edit import Field, GGUFContents, TensorData, read_gguf, write_gguf

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from arch_models import find_test_llama_archs, make_arch_model
+from support.arch_models import find_test_llama_archs, make_arch_model
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
-from gguf_crafted import CORPUS, parse, mutate, tiny_llama
-from load_worker import LoadWorker
+from support.gguf_crafted import CORPUS, parse, mutate, tiny_llama
+from support.load_worker import LoadWorker
 from llamaspec.backend.native import load_error
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.reader import read_model_info
@@ -180,7 +180,7 @@ def test_real_models_pass_the_checks(real_models):
 
 
 def test_architecture_tables_match_the_llama_cpp_source():
-    from llama_asserts import find_llama_src, graph_asserts
+    from support.llama_asserts import find_llama_src, graph_asserts
     from llamaspec.gguf import graph_archs
 
     src = find_llama_src()

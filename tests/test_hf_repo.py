@@ -1,7 +1,7 @@
 """`-hf REPO[:QUANT]` / `-hfd` (the file for a quant and the sidecar heads, as llama.cpp picks them) and GGUF headers
 read over HTTP with range requests (`llamaspec check -hf ...` / `--pair` without downloading the files).
 
-The hub is tests/hf_standin.py: a real HTTP server on 127.0.0.1 serving GGUF files these tests write, with the
+The hub is tests/support/hf_standin.py: a real HTTP server on 127.0.0.1 serving GGUF files these tests write, with the
 hub's tree API and byte ranges; it counts the body bytes it sends, which is how "only a prefix was read" is checked.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from gguf import GGUFWriter
 
-from hf_standin import HubStandin
+from support.hf_standin import HubStandin
 from llamaspec.errors import RegistryError
 from llamaspec.gguf.reader import read_model_info
 from llamaspec.hub import download, hf_repo, remote

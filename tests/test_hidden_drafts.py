@@ -1,5 +1,5 @@
 """EAGLE-3 and DFlash drafters on tiny llama.cpp models: a test-llama-archs qwen3 target (stdev 0.5) and drafts
-written by tests/hidden_drafts.py.
+written by tests/support/hidden_drafts.py.
 
 Two kinds of draft: random ones (they almost never agree: the rejecting paths) and ones that compute the bigram map
 of a target whose blocks were scaled down (they agree often: the accepting paths, partial acceptance, rollbacks).
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from arch_models import make_arch_model
-from hidden_drafts import bigram_map, make_bigram_target, make_dflash_draft, make_eagle3_draft
-from chisq import CHI2_CRIT_0001, chi_square
+from support.arch_models import make_arch_model
+from support.hidden_drafts import bigram_map, make_bigram_target, make_dflash_draft, make_eagle3_draft
+from support.chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.errors import IncompatiblePairError, InvalidParameterError, UnsupportedModelError

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from arch_models import make_arch_model
-from mtp_models import make_mtp_model
-from chisq import CHI2_CRIT_0001, chi_square
+from support.arch_models import make_arch_model
+from support.mtp_models import make_mtp_model
+from support.chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.backend import Context

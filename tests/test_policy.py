@@ -179,7 +179,7 @@ def test_auto_prices_a_block_drafter_per_pass(acceptance):
 
 
 # -- auto on simulated machines: the engine's step on a fake clock (policy_sim.py) ---------------------------------
-from policy_sim import CPU, GPU, H200_GRAPHS, H200_GRAPHS_BIG_DRAFT, SHARED_CPU, compare, simulate  # noqa: E402
+from support.policy_sim import CPU, GPU, H200_GRAPHS, H200_GRAPHS_BIG_DRAFT, SHARED_CPU, compare, simulate  # noqa: E402
 
 SEEDS = range(5)
 

@@ -1,7 +1,7 @@
 """llama.cpp's architectures by what their graph builders assert (src/models/*.cpp), as data for limits.py."""
 from __future__ import annotations
 
-# What the graph builders of src/models/*.cpp assert at their top (tests/llama_asserts.py derives these lists from
+# What the graph builders of src/models/*.cpp assert at their top (tests/support/llama_asserts.py derives these lists from
 # a llama.cpp source tree, and a test keeps them in step): the key and value head sizes are equal; the rotary
 # dimension is the head size; the query projection is {n_embd, n_embd}, so the heads must tile n_embd exactly.
 HEAD_K_EQ_V_ARCHS = frozenset("""

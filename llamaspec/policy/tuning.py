@@ -9,7 +9,7 @@ from ..errors import InvalidParameterError
 @dataclass(frozen=True)
 class AutoTuning:
     """How `auto` explores and how far it trusts what it measured. The defaults hold on the simulator's machines
-    (tests/policy_sim.py) and on the measured pairs (benchmarks/results/auto-policy-notes.md)."""
+    (tests/support/policy_sim.py) and on the measured pairs (benchmarks/results/auto-policy-notes.md)."""
 
     # -- exploring ------------------------------------------------------------------------------------------
     k_start: int = 3                    # the measuring draft's length: longer measures more sizes, risks more

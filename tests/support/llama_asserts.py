@@ -4,7 +4,7 @@ when a newer llama.cpp changes them.
 From src/models/*.cpp: the graph builders whose top level asserts `n_embd_head == hparams.n_embd_head_k()` (or
 `_v()`: key and value heads of one size; lfm2's loader asserts the same of its attention blocks) or
 `n_embd_head == n_rot` (the rotary dimension is the whole head), and the loaders that make the query projection
-`{n_embd, n_embd}`; src/llama-model.cpp maps each architecture to its class and src/llama-arch.cpp gives its name. `python tests/llama_asserts.py [SRC]` prints the lists.
+`{n_embd, n_embd}`; src/llama-model.cpp maps each architecture to its class and src/llama-arch.cpp gives its name. `python tests/support/llama_asserts.py [SRC]` prints the lists.
 """
 from __future__ import annotations
 

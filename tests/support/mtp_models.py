@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from arch_models import make_arch_model
+from .arch_models import make_arch_model
 
 # projections that write into the residual stream: scaling them by trunk_mix scales the context's contribution
 _MIXING = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight", "ffn_down_exps.weight",

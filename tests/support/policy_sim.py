@@ -7,7 +7,7 @@ budget - 1) tokens, the drafter first catching up on the tokens it missed in one
 tokens when more than 128 are missing). The engine reports that catch-up, and the first token decoded with it,
 as setup, which the policy does not see; the clock charges it. Acceptance is a Bernoulli run per position.
 
-    python tests/policy_sim.py      # auto against plain and every fixed k on CPU-like and GPU-like machines
+    PYTHONPATH=. python tests/support/policy_sim.py   # auto against plain and every fixed k on CPU-like and GPU-like machines
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 from gguf import GGUFWriter
 
-from gguf_factory import _copy_tokenizer
+from .gguf_factory import _copy_tokenizer
 from llamaspec.gguf.edit import read_gguf, write_gguf
 from llamaspec.gguf.reader import read_model_info
 
