@@ -31,7 +31,8 @@ from starlette.routing import Route
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError, LlamaspecError
 from ..policy import policy_for
-from .formats import APIError, EventStream, Gone, ResponseFormat, error_for, invalid, next_event, wait_disconnect
+from .apierror import APIError, invalid
+from .formats import EventStream, Gone, ResponseFormat, error_for, next_event, wait_disconnect
 from .guard import CountRequests, Guard, cors_options
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .openapi import openapi_description
