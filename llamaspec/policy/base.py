@@ -46,7 +46,14 @@ class DraftPolicy(abc.ABC):
     def attach(self, draft_cost: str = "per_token", costs: Costs | None = None) -> None:
         """A pair takes this policy (Pair.set_policy says it once): its drafter costs "per_token" (a draft model,
         an MTP head: one pass per token) or "per_pass" (DFlash: one pass for the whole block); `costs` are the
-        pair's passes as measured at load, where it has them; the engine runs shadow probes (shadow_len)."""
+        pair's passes as measured at load, where it has them (given to calibrate); the engine runs shadow probes
+        (shadow_len)."""
+        if costs is not None:
+            self.calibrate(costs)
+
+    def calibrate(self, costs: Costs) -> None:
+        """The pair's costs as measured at load: a policy may start from them instead of measuring its first
+        drafts."""
 
     def new_request(self) -> None:
         """A request's prompt was just processed (the engine says it before the first step): a batch of another size
@@ -92,6 +99,9 @@ class Hooks:
     def __init__(self, policy):
         for name in self.__slots__:
             setattr(self, name, getattr(policy, name, None) or getattr(_NO_HOOKS, name))
+        calibrate = getattr(policy, "calibrate", None)
+        if not hasattr(policy, "attach") and calibrate is not None:   # a duck-typed policy with calibrate only
+            self.attach = lambda draft_cost="per_token", costs=None: costs is not None and calibrate(costs)
 
 
 class _NoHooks(DraftPolicy):
