@@ -90,7 +90,7 @@ class Pair:
         """Draft by other settings (a policy name, k, k_min, p_min; the drafter stays): the policy they name
         replaces the current one, and `config.drafting` says so."""
         drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
-        self.set_policy(policy_for(drafting))
+        self.set_policy(policy_for(drafting, self.target_ctx.n_batch))
         self.config = dataclasses.replace(self.config, drafting=drafting)
 
     def warm_up(self, k_max: int | None = None) -> None:
