@@ -84,10 +84,10 @@ class DraftSettings:
     def __post_init__(self):
         _choice("policy", self.policy, POLICY_NAMES)
         _choice("drafter", self.drafter, DRAFTER_KINDS)
-        self.check()
 
     def check(self, known: dict | None = None) -> "DraftSettings":
-        """Each number against its row in bounds.py (`known`: the batch size, where a config knows it)."""
+        """Each number against its row in bounds.py, where the batch size is known (`known`): the LoadConfig that
+        holds these settings checks them so (make_policy asks the same rows)."""
         for outside, own in (("draft_max", "k"), ("draft_min", "k_min"), ("draft_p_min", "p_min")):
             if getattr(self, own) is not None:
                 bounds.check(outside, getattr(self, own), known)
@@ -110,12 +110,13 @@ _DRAFT_OVERRIDES = ("n_gpu_layers", "main_gpu", "n_ctx", "n_threads")
 _MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LoadConfig:
     """Everything `load_pair` needs besides the two paths.
 
     `target` configures the target; the draft runs with the same context and cache settings unless `draft` is
     given: on the target's main GPU, unsplit (`draft_config()`). `draft_device` puts the whole draft on one device.
+    `drafting` may also be given by its outside names (`LoadConfig(policy="fixed", draft_max=3)`).
     """
 
     target: ModelConfig = field(default_factory=ModelConfig)
@@ -131,6 +132,21 @@ class LoadConfig:
     draft_min = property(lambda self: self.drafting.k_min)
     draft_p_min = property(lambda self: self.drafting.p_min)
     drafter = property(lambda self: self.drafting.drafter)
+
+    def __init__(self, target: ModelConfig | None = None, draft: ModelConfig | None = None,
+                 draft_device: str | None = None, drafting: DraftSettings | None = None, warm_up: bool | None = None,
+                 verbose: bool = False, **named):
+        unknown = sorted(set(named) - set(DraftSettings.NAMES))
+        if unknown:
+            raise TypeError(f"LoadConfig() got an unexpected keyword argument {unknown[0]!r}")
+        drafting = drafting if drafting is not None else DraftSettings()
+        if any(v is not None for v in named.values()):
+            drafting = drafting.with_named(**{n: v for n, v in named.items() if v is not None})
+        for name, value in (("target", target if target is not None else ModelConfig()), ("draft", draft),
+                            ("draft_device", draft_device), ("drafting", drafting), ("warm_up", warm_up),
+                            ("verbose", verbose)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def __post_init__(self):
         self.drafting.check({"n_batch": self.target.n_batch})   # a draft must fit in one batch
