@@ -24,11 +24,11 @@ from .drafters import Drafter, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
 from .policy.calibration import measure_costs
-from .sampling import OPENAI, SamplerConfig, Sampling, as_dist, filter_logits
+from . import modes
+from .sampling import OPENAI, SamplerConfig, Sampling, as_dist
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
-from .verify import accept_greedy, accept_rejection
 
 
 @dataclass
@@ -208,6 +208,7 @@ class Pair:
             # greedy needs argmaxes only: taken on the device
             self.target_ctx.set_device_argmax(sampling is None and shaper is None)
             stats.prompt_tokens_cached = self._prefill(prompt[:-1], sampling)
+            verify = self._verifier(sampling, shaper)
             self._last = prompt[-1]
             stats.time_prefill = time.perf_counter() - t_start
             decode_before = self._decode_seconds()
@@ -217,7 +218,7 @@ class Pair:
                 if len(self._history) + 1 > self.n_ctx:
                     stats.finish_reason = "context"
                     return
-                emitted, n_from_draft = self._step(sampling, max_tokens - n_out, stats, shaper)
+                emitted, n_from_draft = self._step(verify, max_tokens - n_out, stats)
                 for i, token in enumerate(emitted):
                     n_out += 1
                     stats.tokens_generated = n_out
@@ -288,78 +289,52 @@ class Pair:
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
         return cached
 
-    def _step(self, sampling: Sampling | None, budget: int, stats: GenerationStats,
-              shaper: Shaper | None = None) -> tuple[list[int], int]:
+    def _verifier(self, sampling: Sampling | None, shaper: Shaper | None):
+        """This request's verification (modes.py): one path per mode, chosen once."""
+        ctx = self.target_ctx
+        if shaper is not None:
+            return functools.partial(modes.shaped, ctx, sampling, shaper, self.target.is_eog)
+        if sampling is None:
+            return functools.partial(modes.greedy, ctx)
+        if sampling.device:
+            return functools.partial(modes.on_device, ctx, sampling)
+        return functools.partial(modes.in_numpy, ctx, sampling, self._scratch)
+
+    def _scratch(self, n: int) -> np.ndarray:
+        """Dense rows for n of the target's filtered distributions (numpy sampling), grown once to the longest."""
+        if self._target_scratch.shape[0] < n:
+            self._target_scratch = np.zeros((max(n, self.policy.k_max + 1), self.n_vocab), np.float32)
+        return self._target_scratch
+
+    def _step(self, verify, budget: int, stats: GenerationStats) -> tuple[list[int], int]:
         """Draft, verify, accept, roll back. Returns the emitted tokens and how many of them the draft proposed."""
         history, last = self._history, self._last
         room = self.n_ctx - len(history) - 1           # positions free after `last`
         k = max(min(self.policy.next_draft_len(), room, budget - 1, self.target_ctx.n_batch - 1), 0)
-        # a shadow probe: the drafter proposes one token that the target does not verify (its pass stays one token,
-        # which a GPU replays from a captured graph); the token the target emits judges it
-        shadow = not k and room > 0 and self.drafter is not None and self._hooks.shadow_len() > 0
 
-        # 1. draft
+        # 1. draft (or, on a plain step, a shadow probe where the policy asks for one)
         t0 = time.perf_counter()
         draft = self.drafter.propose(history, last, k, self.policy.p_min) if k > 0 else None
-        probe = self.drafter.propose(history, last, 1, self.policy.p_min) if shadow else None
+        probe = self._shadow_probe(room) if not k else None
         drafted = draft.tokens if draft is not None else []
         t1 = time.perf_counter()
 
-        # 2. verify: one target pass over [last, d_1..d_k], an opinion for every row
-        batch = [last] + drafted
-        if shaper is not None:  # shaped rows (shaping.py): the batch ends before a draft token the grammar refuses
-            batch = [last] + drafted[:shaper.admissible(drafted)]
-            logits = self.target_ctx.eval(batch, logits="all")
-        elif sampling is None:  # the argmax of every row (taken on the device when it can be)
-            target_argmax = self.target_ctx.eval_argmax(batch, rows="all")
-        elif sampling.device:  # every row filtered on the device: only the kept candidates come back
-            target_dists = self.target_ctx.eval_dists(batch, rows="all")
-        else:
-            logits = self.target_ctx.eval(batch, logits="all")
+        # 2. verify and accept: one target pass over [last, d_1..d_k], an opinion for every row
+        n_accepted, next_token, target_probs = verify(history, last, drafted, draft.probs if drafted else None)
 
-        # 3. accept
-        draft_arr = np.asarray(drafted[:len(batch)], dtype=np.int64)  # a refused draft token stays, unaccepted
-        target_probs = None
-        if shaper is not None:
-            rows = shaper.rows(logits, history, batch)
-            n_accepted, next_token = shaper.accept(rows, draft_arr, draft.probs if drafted else None, sampling)
-            shaper.commit(rows, n_accepted, next_token, self.target.is_eog)
-            if sampling is not None:
-                target_probs = functools.partial(rows.dist, sampling.config)
-        elif sampling is None:
-            n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
-        else:
-            if sampling.device:
-                target_probs = target_dists.__getitem__
-            else:
-                if self._target_scratch.shape[0] < len(batch):
-                    self._target_scratch = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab),
-                                                    np.float32)
-                rows: dict = {}
-
-                def target_probs(i: int):
-                    if i not in rows:  # rows past the first rejection are never filtered
-                        rows[i] = filter_logits(logits[i], sampling.config, self._target_scratch[i])
-                    return rows[i]
-
-            n_accepted, next_token = accept_rejection(draft_arr, draft.probs if drafted else None, target_probs,
-                                                      sampling.rng)
-
-        # 4. roll back: keep `last` and the accepted draft tokens (a recurrent memory may restore a checkpoint)
+        # 3. roll back: keep `last` and the accepted draft tokens (a recurrent memory may restore a checkpoint)
         if not self.target_ctx.keep(len(history) + 1 + n_accepted):
             raise DecodeError("the target's cache could not drop the rejected draft tokens")
         t3 = time.perf_counter()
-        if drafted:
-            self.drafter.accepted(n_accepted)
-        elif probe is not None:
-            self.drafter.accepted(0)
-            stats.shadow_probes += 1
-            chance = shadow_acceptance(probe, next_token, target_probs)
-        history.extend(batch[:1 + n_accepted])
+        if drafted or probe is not None:
+            self.drafter.accepted(n_accepted if drafted else 0)   # a probe's token is never kept
+        history.append(last)
+        history.extend(drafted[:n_accepted])
         self._last = next_token
         t4 = time.perf_counter()
         if probe is not None:
-            self._hooks.shadow(chance, t1 - t0 + (t4 - t3))
+            stats.shadow_probes += 1
+            self._hooks.shadow(shadow_acceptance(probe, next_token, target_probs), t1 - t0 + (t4 - t3))
 
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
@@ -367,6 +342,13 @@ class Pair:
         self.policy.update(len(drafted), n_accepted, max(t1 - t0 - setup, 0.0) + (t4 - t3), t3 - t1)
         stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
+
+    def _shadow_probe(self, room: int):
+        """On a plain step, one draft token the target does not verify (its pass stays one token, which a GPU
+        replays from a captured graph), where the policy asks for it; the token the target emits judges it."""
+        if room <= 0 or self.drafter is None or self._hooks.shadow_len() <= 0:
+            return None
+        return self.drafter.propose(self._history, self._last, 1, self.policy.p_min)
 
 
 def shadow_acceptance(probe, emitted: int, target_probs) -> float:
