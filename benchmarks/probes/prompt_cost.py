@@ -1,7 +1,7 @@
 """How long the server's prompt tokenizer (llamaspec/server/prompt.py) holds the worker for hostile request bodies
 of up to 4 MB, next to llama.cpp's own tokenizer with special tokens parsed, on the same model in one run.
 
-    python benchmarks/prompt_cost.py MODEL.gguf [--n-ctx 4096 32768] [--llama-cpp]
+    python benchmarks/probes/prompt_cost.py MODEL.gguf [--n-ctx 4096 32768] [--llama-cpp]
 
 Each case prints the seconds until the prompt is refused (overflow) or tokenized (ok, with its token count).
 `--llama-cpp` also times llama_tokenize(parse_special=True) on the rendered prompt (quadratic in special tokens:
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from llamaspec.chat_template import ChatTemplate  # noqa: E402
 from llamaspec.config import ModelConfig  # noqa: E402

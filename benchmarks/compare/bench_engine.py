@@ -2,13 +2,13 @@
 files in one run. Prints a markdown report (also written to --out) with ratios against llamaspec's plain decoding
 and against the peers, and the exact command of every peer row.
 
-    python benchmarks/bench_engine.py --target T.gguf --draft D.gguf --tools DIR [--ik-tools DIR] [--k 3,5]
-    python benchmarks/bench_engine.py --target T-with-MTP.gguf --drafter mtp --tools DIR ...
+    python benchmarks/compare/bench_engine.py --target T.gguf --draft D.gguf --tools DIR [--ik-tools DIR] [--k 3,5]
+    python benchmarks/compare/bench_engine.py --target T-with-MTP.gguf --drafter mtp --tools DIR ...
 
 Peers (--peers; one that cannot run the case gets a row saying why): llama-speculative-simple and llama-server
 from --tools (benchmarks/build-llama-tools.sh), ik_llama.cpp's llama-server from --ik-tools. Each runs with its
 own default flags plus what the case needs (model, draft, draft length, -ngl, -c, prompt, token count, sampling
-regime): no sampler chain, threads or seed added for the comparison (benchmarks/peers.py builds the commands).
+regime): no sampler chain, threads or seed added for the comparison (benchmarks/compare/peers.py builds the commands).
 llama-server runs on 127.0.0.1, one server per draft length, one request at a time, its `timings` per response.
 
 Regimes (--regimes, all three by default; both engines sample the same distribution in each):
@@ -33,8 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers  # noqa: E402  (benchmarks/peers.py)
+try:
+    from . import peers   # imported as benchmarks.compare.bench_engine (the tests)
+except ImportError:
+    import peers          # run as a script: its folder is on sys.path
 from llamaspec import load_pair  # noqa: E402
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
 from llamaspec.bench import auto_state  # noqa: E402

@@ -3,7 +3,7 @@ target's snapshots restore, the hybrid draft replays), on llama.cpp's sampler ch
 synthetic MTP head at T=0.8 with the default filters. A correctness check, not a timing: it prints, per reply,
 whether the device sampler ran and whether every cache holds exactly what was recorded.
 
-    python benchmarks/device_filter_check.py VOCAB.gguf [OUT_DIR]      # VOCAB: llama.cpp's ggml-vocab-qwen35.gguf
+    python benchmarks/probes/device_filter_check.py VOCAB.gguf [OUT_DIR]      # VOCAB: llama.cpp's ggml-vocab-qwen35.gguf
 
 On a GPU build the default (no LLAMASPEC_DEVICE_SAMPLING) filters on the device; on a CPU build set
 LLAMASPEC_DEVICE_SAMPLING=1 to see that path there.
@@ -15,7 +15,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
 from llamaspec import load_pair
 from llamaspec.backend.mtp import MTPContext
 if len(sys.argv) < 2 or not os.path.isfile(sys.argv[1]):
@@ -29,7 +29,7 @@ def say(line):
     print(line, flush=True)
 
 
-subprocess.run([sys.executable, os.path.join(HERE, "synth_hybrid.py"), d, "--preset", "tiny", "--vocab",
+subprocess.run([sys.executable, os.path.join(HERE, "..", "synthetic", "synth_hybrid.py"), d, "--preset", "tiny", "--vocab",
                 vocab, "--output-noise", "0.3"], check=True, capture_output=True)
 files = sorted(os.listdir(d))
 target = os.path.join(d, "qwen35-tiny-target.gguf")
@@ -52,7 +52,7 @@ for dev in ("1", "0"):
     say(f"hybrid dev={dev}: {time.perf_counter() - t0:.2f} s, ok {ok}")
     pair.close()
 mtp = os.path.join(d, "mtp-tiny.gguf")
-subprocess.run([sys.executable, os.path.join(HERE, "synth_mtp.py"), mtp, "--preset", "tiny", "--agree", "0.7"],
+subprocess.run([sys.executable, os.path.join(HERE, "..", "synthetic", "synth_mtp.py"), mtp, "--preset", "tiny", "--agree", "0.7"],
                check=True, capture_output=True)
 calls, orig = [0], MTPContext.last_dist
 

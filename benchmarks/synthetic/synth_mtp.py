@@ -1,7 +1,7 @@
 """A synthetic qwen35-shaped model with a multi-token-prediction (MTP) head that agrees with the trunk at a known
 rate: a speed benchmark for MTP drafting that needs no download.
 
-    python benchmarks/synth_mtp.py OUT.gguf [--preset 27b|tiny] [--agree 0.7] [--scale S] [--seed 0]
+    python benchmarks/synthetic/synth_mtp.py OUT.gguf [--preset 27b|tiny] [--agree 0.7] [--scale S] [--seed 0]
 
 Shapes (--preset 27b) follow Qwen3.6-27B: width 5120, 64 blocks (every 4th full attention with 24 query heads,
 4 KV heads of 256; the others gated delta-net with 16 key heads and 48 value heads of 128), FFN 17408, a 248320-token

@@ -1,7 +1,7 @@
 """Measure the costs the speed-up formula needs, on this machine: the target's time to verify n tokens (one pass,
 logits for every row) for n = 1..N, relative to one token, and the draft's time per token relative to the target's.
 
-    python benchmarks/cost_curve.py --target T.gguf --draft D.gguf [-ngl -1] [--no-repack] [--json out.json]
+    python benchmarks/probes/cost_curve.py --target T.gguf --draft D.gguf [-ngl -1] [--no-repack] [--json out.json]
 
 Then, with per-token acceptance a, the expected speed-up of draft length k is
 (1 - a^(k+1)) / ((1 - a) (k c + v(k+1))), c = draft/target time per token, v(n) = verify(n) / verify(1).

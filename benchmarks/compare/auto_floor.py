@@ -1,6 +1,6 @@
 """`auto` against plain decoding, interleaved prompt by prompt on one loaded pair: wall time and time to first token.
 
-    python benchmarks/auto_floor.py --target T.gguf --draft D.gguf [--no-repack] [--prompts code,prose]
+    python benchmarks/compare/auto_floor.py --target T.gguf --draft D.gguf [--no-repack] [--prompts code,prose]
         [--per-set 3] [--tokens 64] [--rounds 2] [--temps 0,0.8] [--out report.md] [--json report.json]
 
 The pair is loaded once. Plain decoding is that pair with FixedPolicy(0) (nothing drafted, the draft never

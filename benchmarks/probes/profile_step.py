@@ -1,6 +1,6 @@
 """Profile the speculative step with cProfile: where the Python time goes besides llama.cpp's own work.
 
-    python benchmarks/profile_step.py --target T.gguf --draft D.gguf [--policy fixed --k 4] [-n 256] [--temp 0]
+    python benchmarks/probes/profile_step.py --target T.gguf --draft D.gguf [--policy fixed --k 4] [-n 256] [--temp 0]
         [--top-k 40 --top-p 0.95 --min-p 0.05] [--repeat 3]
 
 Prints the generation's split (time inside llama_decode and the logits/argmax sync vs everything else), where the

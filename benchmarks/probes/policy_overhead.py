@@ -3,7 +3,7 @@ so that other load on the machine does not count. Three regimes of `auto`: plain
 drafting on a GPU-like cost curve, and a useless draft on a GPU-like curve (plain with probes); FixedPolicy(0) as
 the floor.
 
-    python benchmarks/policy_overhead.py [--steps 20000]
+    python benchmarks/probes/policy_overhead.py [--steps 20000]
 """
 from __future__ import annotations
 

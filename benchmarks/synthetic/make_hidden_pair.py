@@ -1,6 +1,6 @@
 """Synthetic target + EAGLE-3 / DFlash drafts that agree at known rates, for benchmarks (no trained draft needed).
 
-    python benchmarks/make_hidden_pair.py --out DIR [--preset 8b] [--scenario cycle|constant] [--fill zeros|random]
+    python benchmarks/synthetic/make_hidden_pair.py --out DIR [--preset 8b] [--scenario cycle|constant] [--fill zeros|random]
 
 The target is a qwen3-architecture model of real shape (the preset) whose attention and FFN outputs are zero, so
 it costs what a real model of that shape costs per token but computes a bigram map: logits = output . norm(embed).

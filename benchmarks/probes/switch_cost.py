@@ -6,7 +6,7 @@ resumes. A policy that drafts now and then (a probe) or changes k pays that on t
 verification. This runs the engine with scripted draft lengths and reports each step's wall time by how many
 steps ago the draft length changed, against steps of an unchanged length in the same run.
 
-    python benchmarks/switch_cost.py --target T.gguf [--draft D.gguf] [--every 16] [--tokens 128] [--no-cuda-graphs]
+    python benchmarks/probes/switch_cost.py --target T.gguf [--draft D.gguf] [--every 16] [--tokens 128] [--no-cuda-graphs]
 
 Patterns (one policy object each, the same prompts): plain; a k-token probe every `--every` steps for k in --probe-k;
 a fixed k and the same k alternating with k+1 (always drafting).
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))   # bench_engine's prompts and hardware line
 
 
 class Scripted:

@@ -1,7 +1,7 @@
 """Can the draft and the target decode at the same time on this machine? The question behind overlapping the next
 draft with the current verification (two llama.cpp contexts; ctypes releases the GIL inside llama_decode).
 
-    python benchmarks/overlap_probe.py --target T.gguf --draft D.gguf [--k 5] [-ngl -1] [--flash-attn on]
+    python benchmarks/probes/overlap_probe.py --target T.gguf --draft D.gguf [--k 5] [-ngl -1] [--flash-attn on]
 
 It times, with the caches holding --context tokens: the target verifying k+1 tokens (one batch, all logits), the
 draft proposing k tokens one at a time, and both together in two threads. Overlap can only pay where "together"

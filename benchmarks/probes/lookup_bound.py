@@ -1,6 +1,6 @@
 """How fast can prompt-lookup drafting be on this machine? An upper bound from measured costs.
 
-    python benchmarks/lookup_bound.py --target T.gguf [--prompts grounded,prose] [-n 160] [--no-repack]
+    python benchmarks/probes/lookup_bound.py --target T.gguf [--prompts grounded,prose] [-n 160] [--no-repack]
 
 Greedy output does not depend on the drafter, so each prompt is decoded once plainly and every drafting step is
 then replayed offline: at each position the lookup drafter (llamaspec's own, PromptLookupDrafter.lookup) proposes

@@ -1,6 +1,6 @@
 """How much a pruned draft loses: file size, draft speed and acceptance against the target, per setting.
 
-    python benchmarks/prune_report.py TARGET.gguf DRAFT.gguf --drop 0,2,4,8 --self-keep 14
+    python benchmarks/probes/prune_report.py TARGET.gguf DRAFT.gguf --drop 0,2,4,8 --self-keep 14
 
 For each setting the draft is pruned into a temp folder with convert/prune_draft.py (`--drop-last N`; the
 `--self-keep N` rows keep the target's own first N blocks), then measured: tokens/s of the draft alone (greedy),
@@ -21,7 +21,7 @@ import llamaspec
 from llamaspec.chat_template import ChatTemplate
 from llamaspec.gguf.reader import read_model_info
 
-PRUNE_SCRIPT = Path(__file__).resolve().parent.parent / "convert" / "prune_draft.py"
+PRUNE_SCRIPT = Path(__file__).resolve().parents[2] / "convert" / "prune_draft.py"
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome, ignoring case and punctuation.",
     "Implement binary search in C over a sorted array of ints; return the index or -1.",

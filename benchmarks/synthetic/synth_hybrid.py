@@ -2,7 +2,7 @@
 with a real Qwen tokenizer, built so that the draft's agreement with the target is known. For timing speculative
 decoding on hybrids: the text they write is noise.
 
-    python benchmarks/synth_hybrid.py OUT_DIR --preset 27b [--vocab ggml-vocab-qwen35.gguf] [--qtype Q4_0]
+    python benchmarks/synthetic/synth_hybrid.py OUT_DIR --preset 27b [--vocab ggml-vocab-qwen35.gguf] [--qtype Q4_0]
         [--draft-layers 2] [--output-noise 0.05] [--logit-scale 10]
 
 writes OUT_DIR/qwen35-PRESET-target.gguf and OUT_DIR/qwen35-PRESET-draft.gguf, and with --output-noise X also

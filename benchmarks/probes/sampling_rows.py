@@ -1,7 +1,7 @@
 """Per-row cost of building the filtered distribution in Python, on real logits rows: the plain rule
 (`filtered_probs` + `sample_from`, the hot path before `filter_logits`) against `filter_logits` + `sample`.
 
-    python benchmarks/sampling_rows.py MODEL.gguf [--rows 40] [--temp 0.8] [--no-repack]
+    python benchmarks/probes/sampling_rows.py MODEL.gguf [--rows 40] [--temp 0.8] [--no-repack]
 
 Rows come from the model sampling a short chat reply at the given temperature. For each setting it prints the
 median over single calls (rows x 5) of: a target row (filter only; the rejection rule then reads p(x)) and a

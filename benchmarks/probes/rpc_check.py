@@ -1,7 +1,7 @@
 """Run the target through llama.cpp's RPC backend (an rpc-server on 127.0.0.1) and check that speculative
 decoding gives the same greedy text as with the target loaded locally.
 
-    python benchmarks/rpc_check.py --target T.gguf --draft D.gguf --rpc-server PATH/rpc-server [-n 64]
+    python benchmarks/probes/rpc_check.py --target T.gguf --draft D.gguf --rpc-server PATH/rpc-server [-n 64]
 
 Needs a llama-cpp-python built with -DGGML_RPC=on (or LLAMA_CPP_LIB_PATH pointing at llama.cpp libraries built
 with it) and an rpc-server from the same llama.cpp source. Prints where each model's weights went (from
