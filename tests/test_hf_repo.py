@@ -260,7 +260,7 @@ def test_offline_and_not_cached_says_so(hub, monkeypatch):
 
 
 def test_hf_download_goes_to_the_cache_and_then_works_offline(hub, monkeypatch):
-    from llamaspec.cli.options import resolve_model_paths
+    from llamaspec.cli.pair_choice import resolve_model_paths
 
     target, draft, defaults = resolve_model_paths({"hf_repo": "o/big:Q8_0", "hf_repo_draft": "o/small",
                                                    "assume_yes": True})
@@ -273,7 +273,7 @@ def test_hf_download_goes_to_the_cache_and_then_works_offline(hub, monkeypatch):
 
 
 def test_hf_without_yes_or_terminal_says_how_and_downloads_nothing(hub):
-    from llamaspec.cli.options import resolve_model_paths
+    from llamaspec.cli.pair_choice import resolve_model_paths
 
     with pytest.raises(RegistryError, match="--yes"):
         resolve_model_paths({"hf_repo": "o/big:Q8_0"})

@@ -321,7 +321,7 @@ def plain_text(path, prompt, n):
 def test_spec_type_names_map_onto_drafter_kinds():
     import click
 
-    from llamaspec.cli.options import chosen_drafter, spec_type_drafter
+    from llamaspec.cli.pair_choice import chosen_drafter, spec_type_drafter
 
     assert [spec_type_drafter(v) for v in ("draft-mtp", "draft-simple", "ngram-simple", "none")] == \
         ["mtp", "model", "lookup", None]

@@ -17,8 +17,9 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, handle_errors, load_pair_from_options, not_utf8, pair_options, reasoning_option,
-                      sampler_kwargs, sampler_options, utf8_argument)
+from .options import (Command, handle_errors, not_utf8, pair_options, reasoning_option, sampler_kwargs,
+                      sampler_options, utf8_argument)
+from .pair_choice import load_pair_from_options
 
 PROMPT = ">>> "
 CONTINUATION = "... "

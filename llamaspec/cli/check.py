@@ -8,7 +8,8 @@ import click
 
 from . import main
 from ..config import CACHE_TYPES, FLASH_ATTN_MODES, LoadConfig, ModelConfig
-from .options import Command, fail, handle_errors, hf_options, hf_refs
+from .options import Command, fail, handle_errors, hf_options
+from .pair_choice import hf_refs
 
 KV_CHOICES = click.Choice(CACHE_TYPES)
 _MODEL = ModelConfig()   # the defaults every option shows

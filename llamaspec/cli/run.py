@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, decode_utf8, handle_errors, load_pair_from_options, pair_options, reasoning_option,
-                      sampler_kwargs, sampler_options, utf8_argument, warn)
+from .options import (Command, decode_utf8, handle_errors, pair_options, reasoning_option, sampler_kwargs,
+                      sampler_options, utf8_argument, warn)
+from .pair_choice import load_pair_from_options
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, load_pair_from_options, pair_options
+from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, pair_options
+from .pair_choice import load_pair_from_options
 
 
 @main.command(cls=Command)
