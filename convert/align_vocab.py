@@ -12,7 +12,8 @@ import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress  # first: finds llamaspec
 
 from llamaspec.errors import IncompatiblePairError
-from llamaspec.gguf.edit import align_vocab, check_output_path, read_gguf, vocab_mismatch_ignoring_size, write_gguf
+from llamaspec.gguf.align import align_vocab, vocab_mismatch_ignoring_size
+from llamaspec.gguf.edit import check_output_path, read_gguf, write_gguf
 from llamaspec.gguf.reader import read_model_info
 
 

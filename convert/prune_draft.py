@@ -12,8 +12,8 @@ from __future__ import annotations
 import click
 from _common import CONTEXT_SETTINGS, megabytes, one_line_errors, show_progress  # first: finds llamaspec
 
-from llamaspec.gguf.edit import (check_output_path, check_prunable, parse_layer_list, prune_blocks, read_gguf,
-                                 select_blocks, write_gguf)
+from llamaspec.gguf.edit import check_output_path, read_gguf, write_gguf
+from llamaspec.gguf.prune import check_prunable, parse_layer_list, prune_blocks, select_blocks
 from llamaspec.gguf.reader import read_model_info
 
 

@@ -1,5 +1,5 @@
 """The range of every number a user or a client can give, declared once: the click options (cli/options.py), the
-library's configurations (config.py, sampling.py, policy.py) and the server's request and admin checks
+library's configurations (config.py, sampling.py, policy/) and the server's request and admin checks
 (server/validation.py) all ask this table, so a value is refused with the same one line everywhere.
 
 Each range means something: a context whose KV cache this machine's memory can hold, threads no more than the

@@ -12,15 +12,12 @@ from typing import Sequence
 
 from . import bounds
 from .errors import InvalidParameterError
+from .kinds import DRAFTER_KINDS, MTP_DRAFTERS  # noqa: F401  (where draft tokens come from: kinds.py)
 
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FLASH_ATTN_MODES = ("auto", "on", "off")
 SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tensor parallelism (needs GPUs)
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
-# where draft tokens come from; "lookup+model" tries prompt lookup first (see drafters/); "mtp" is the target's own
-# multi-token-prediction head (no draft model); "eagle3" and "dflash" are drafts that read the target's hidden states
-DRAFTER_KINDS = ("model", "lookup", "lookup+model", "mtp", "lookup+mtp", "eagle3", "dflash")
-MTP_DRAFTERS = ("mtp", "lookup+mtp")
 
 DEFAULT_N_CTX = 4096
 
@@ -68,36 +65,91 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class DraftSettings:
+    """How to draft, each value checked here once: the policy's name, its draft length k (fixed) or the longest
+    draft (the others), the shortest (threshold), the confidence stop p_min (None: the policy's own default) and
+    the drafter kind. It travels whole: load_pair keeps it on the pair (`pair.config.drafting`), and a change
+    (chat's /policy, the server's PATCH /admin/config) is a `dataclasses.replace` of it."""
+
+    policy: str = "auto"                     # one of POLICY_NAMES
+    k: int | None = None                     # --draft-max
+    k_min: int | None = None                 # --draft-min
+    p_min: float | None = None               # --draft-p-min
+    drafter: str = "model"                   # one of DRAFTER_KINDS
+
+    # the names the CLI options, models.toml, load_pair's keywords and the admin API give them
+    NAMES = {"policy": "policy", "draft_max": "k", "draft_min": "k_min", "draft_p_min": "p_min", "drafter": "drafter"}
+
+    def __post_init__(self):
+        _choice("policy", self.policy, POLICY_NAMES)
+        _choice("drafter", self.drafter, DRAFTER_KINDS)
+
+    def check(self, known: dict | None = None) -> "DraftSettings":
+        """Each number against its row in bounds.py, where the batch size is known (`known`): the LoadConfig that
+        holds these settings checks them so (make_policy asks the same rows)."""
+        for outside, own in (("draft_max", "k"), ("draft_min", "k_min"), ("draft_p_min", "p_min")):
+            if getattr(self, own) is not None:
+                bounds.check(outside, getattr(self, own), known)
+        return self
+
+    def named(self) -> dict:
+        """The policy settings under their outside names (draft_max, ...), the drafter aside."""
+        return {outside: getattr(self, own) for outside, own in self.NAMES.items() if own != "drafter"}
+
+    def with_named(self, **named) -> "DraftSettings":
+        """A copy with settings changed by their outside names (None: the policy's default, or "auto")."""
+        changes = {self.NAMES[n]: v for n, v in named.items()}
+        if changes.get("policy", "") is None:
+            changes["policy"] = "auto"
+        return dataclasses.replace(self, **changes)
+
+
 # load_pair's keyword arguments for the draft: `draft_<name>` overrides the draft's copy of the target's setting
 _DRAFT_OVERRIDES = ("n_gpu_layers", "main_gpu", "n_ctx", "n_threads")
 _MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LoadConfig:
     """Everything `load_pair` needs besides the two paths.
 
     `target` configures the target; the draft runs with the same context and cache settings unless `draft` is
     given: on the target's main GPU, unsplit (`draft_config()`). `draft_device` puts the whole draft on one device.
+    `drafting` may also be given by its outside names (`LoadConfig(policy="fixed", draft_max=3)`).
     """
 
     target: ModelConfig = field(default_factory=ModelConfig)
     draft: ModelConfig | None = None
     draft_device: str | None = None
-    policy: str = "auto"                     # one of POLICY_NAMES (or a DraftPolicy passed to load_pair)
-    draft_max: int | None = None             # draft length (fixed) or its maximum (other policies)
-    draft_min: int | None = None
-    draft_p_min: float | None = None
-    drafter: str = "model"                   # one of DRAFTER_KINDS
+    drafting: DraftSettings = field(default_factory=DraftSettings)
     warm_up: bool | None = None              # run and time each draft length at load (None: on a GPU target)
     verbose: bool = False
 
+    # the drafting settings under their load_pair / CLI / models.toml names
+    policy = property(lambda self: self.drafting.policy)
+    draft_max = property(lambda self: self.drafting.k)
+    draft_min = property(lambda self: self.drafting.k_min)
+    draft_p_min = property(lambda self: self.drafting.p_min)
+    drafter = property(lambda self: self.drafting.drafter)
+
+    def __init__(self, target: ModelConfig | None = None, draft: ModelConfig | None = None,
+                 draft_device: str | None = None, drafting: DraftSettings | None = None, warm_up: bool | None = None,
+                 verbose: bool = False, **named):
+        unknown = sorted(set(named) - set(DraftSettings.NAMES))
+        if unknown:
+            raise TypeError(f"LoadConfig() got an unexpected keyword argument {unknown[0]!r}")
+        drafting = drafting if drafting is not None else DraftSettings()
+        if any(v is not None for v in named.values()):
+            drafting = drafting.with_named(**{n: v for n, v in named.items() if v is not None})
+        for name, value in (("target", target if target is not None else ModelConfig()), ("draft", draft),
+                            ("draft_device", draft_device), ("drafting", drafting), ("warm_up", warm_up),
+                            ("verbose", verbose)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
     def __post_init__(self):
-        _choice("policy", self.policy, POLICY_NAMES)
-        _choice("drafter", self.drafter, DRAFTER_KINDS)
-        for name in ("draft_max", "draft_min", "draft_p_min"):
-            if getattr(self, name) is not None:
-                bounds.check(name, getattr(self, name), known={"n_batch": self.target.n_batch})
+        self.drafting.check({"n_batch": self.target.n_batch})   # a draft must fit in one batch
         if self.warm_up is not None and not isinstance(self.warm_up, bool):
             raise InvalidParameterError(f"warm_up must be true, false or None, got {self.warm_up!r}", param="warm_up")
 
@@ -109,7 +161,7 @@ class LoadConfig:
 
     def replace(self, **kwargs) -> "LoadConfig":
         """A copy with load_pair-style keywords changed (see from_kwargs); None leaves a setting as it is."""
-        target, draft, own = {}, {}, {}
+        target, draft, own, drafting = {}, {}, {}, {}
         for name, value in kwargs.items():
             if value is None:
                 continue
@@ -117,10 +169,14 @@ class LoadConfig:
                 target[name] = value
             elif name.startswith("draft_") and name[6:] in _DRAFT_OVERRIDES:
                 draft[name[6:]] = value
+            elif name in DraftSettings.NAMES:
+                drafting[DraftSettings.NAMES[name]] = value
             elif name in _LOAD_FIELDS and name not in ("target", "draft"):
                 own[name] = value
             else:
                 raise InvalidParameterError(f"unknown setting {name!r}", param=name)
+        if drafting:
+            own["drafting"] = dataclasses.replace(own.get("drafting", self.drafting), **drafting)
         config = dataclasses.replace(self, target=self.target.replace(**target), **own)
         if draft:
             config = dataclasses.replace(config, draft=(config.draft or config._derived_draft()).replace(**draft))
@@ -137,14 +193,6 @@ class LoadConfig:
         if self.draft is not None and config.main_gpu != self.target.main_gpu:
             config = config.replace(split_mode="none")
         return config
-
-    def as_kwargs(self) -> dict:
-        """The load_pair keywords that rebuild this configuration (for printing and reports)."""
-        out = {f: getattr(self.target, f) for f in _MODEL_FIELDS}
-        draft = self.draft_config()
-        out.update({f"draft_{f}": getattr(draft, f) for f in _DRAFT_OVERRIDES})
-        out.update({f: getattr(self, f) for f in _LOAD_FIELDS if f not in ("target", "draft")})
-        return out
 
 
 _LOAD_FIELDS = tuple(f.name for f in fields(LoadConfig))

@@ -11,22 +11,24 @@ one code path. Layers, as in mlx-lm: `generate_tokens` owns the steps and the ca
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .drafters import Drafter, Sampling, common_prefix_len
+from .config import DraftSettings, LoadConfig
+from .drafters import Drafter, common_prefix_len
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .policy import Costs, DraftPolicy, FixedPolicy, _check_k, make_policy
-from .sampling import OPENAI, SamplerConfig, as_dist, filter_logits
+from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
+from .policy.calibration import measure_costs
+from . import modes
+from .sampling import OPENAI, SamplerConfig, Sampling, as_dist
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher, stream_text  # noqa: F401  (Piece, StopMatcher: re-exported)
-from .verify import accept_greedy, accept_rejection
 
 
 @dataclass
@@ -40,8 +42,10 @@ class Completion:
 class Pair:
     """A target model with an optional drafter. Not thread-safe: one generation at a time."""
 
-    def __init__(self, target, target_ctx, drafter: Drafter | None = None, policy: DraftPolicy | None = None):
+    def __init__(self, target, target_ctx, drafter: Drafter | None = None, policy: DraftPolicy | None = None,
+                 config: LoadConfig | None = None):
         self.target, self.target_ctx = target, target_ctx
+        self.config = config if config is not None else LoadConfig()   # as load_pair resolved it
         self.drafter = drafter
         self.n_vocab = target.n_vocab
         self.costs: Costs | None = None   # what the passes cost, measured by warm_up
@@ -78,45 +82,28 @@ class Pair:
 
     def set_policy(self, policy: DraftPolicy) -> None:
         self.policy = policy if self.drafter is not None else FixedPolicy(0)
-        tell = getattr(self.policy, "set_draft_cost", None)   # a DraftPolicy has it; a duck-typed one may not
-        if self.drafter is not None and tell is not None:
-            tell(self.drafter.draft_cost)
-        shadows = getattr(self.policy, "enable_shadow_probes", None)
-        if self.drafter is not None and shadows is not None:
-            shadows()
-        calibrate = getattr(self.policy, "calibrate", None)
-        if self.drafter is not None and calibrate is not None and self.costs is not None:
-            calibrate(self.costs)
-        self._shadow_len = getattr(self.policy, "shadow_len", lambda: 0)
+        self._hooks = Hooks(self.policy)
+        if self.drafter is not None:
+            self._hooks.attach(self.drafter.draft_cost, self.costs)
+
+    def set_drafting(self, drafting: DraftSettings) -> None:
+        """Draft by other settings (a policy name, k, k_min, p_min; the drafter stays): the policy they name
+        replaces the current one, and `config.drafting` says so."""
+        drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
+        self.set_policy(policy_for(drafting, self.target_ctx.n_batch))
+        self.config = dataclasses.replace(self.config, drafting=drafting)
 
     def warm_up(self, k_max: int | None = None) -> None:
-        """Run every draft length up to k_max (the policy's), greedy three steps each and then sampled once each, and
-        forget the text. On a GPU the first pass of each batch size loads its kernels and builds its graphs, which
-        would otherwise be timed by the first request (and could make `auto` judge that no draft pays); the third
-        greedy step of each size runs warm, and what those took becomes `costs`, which every policy taken from here
-        on starts from (DraftPolicy.calibrate). load_pair calls it on GPU targets."""
+        """Run every draft length up to k_max (the policy's) and keep what the warm passes took as `costs`, which
+        every policy taken from here on starts from (DraftPolicy.attach); the text is forgotten
+        (policy/calibration.py). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
-        if k_max is not None:
-            _check_k("k_max", k_max, 1)
-        policy, k_max = self.policy, min(k_max or getattr(self.policy, "k_max", 0) or 1, 16)
-        prompt = self.tokenize("warm up")
+        policy = self.policy
         try:
-            for temperature, repeats in ((0.0, 3), (0.8, 1)):
-                self.policy = sweep = _Sweep(k_max, repeats)
-                for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next
-                    for _ in self.stream(prompt, max_tokens=repeats * (k_max + 1) ** 2, temperature=temperature,
-                                         seed=1):
-                        if sweep.done:
-                            break
-                    if sweep.done:
-                        break
-                if repeats > 1:
-                    self.costs = sweep.costs()
+            self.costs = measure_costs(self, k_max) or self.costs
         finally:
             self.set_policy(policy)
-            self.reset()
-            self.last_stats = None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.target.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -221,6 +208,7 @@ class Pair:
             # greedy needs argmaxes only: taken on the device
             self.target_ctx.set_device_argmax(sampling is None and shaper is None)
             stats.prompt_tokens_cached = self._prefill(prompt[:-1], sampling)
+            verify = self._verifier(sampling, shaper)
             self._last = prompt[-1]
             stats.time_prefill = time.perf_counter() - t_start
             decode_before = self._decode_seconds()
@@ -230,7 +218,7 @@ class Pair:
                 if len(self._history) + 1 > self.n_ctx:
                     stats.finish_reason = "context"
                     return
-                emitted, n_from_draft = self._step(sampling, max_tokens - n_out, stats, shaper)
+                emitted, n_from_draft = self._step(verify, max_tokens - n_out, stats)
                 for i, token in enumerate(emitted):
                     n_out += 1
                     stats.tokens_generated = n_out
@@ -296,85 +284,57 @@ class Pair:
         # regenerated answer) restarts here. A prompt that extends the whole history needs no checkpoint at all.
         ctx.checkpoint(turn=True)
         self._history = list(history)
-        new_request = getattr(self.policy, "new_request", None)   # a DraftPolicy has it; a duck-typed one may not
-        if new_request is not None:
-            new_request()
+        self._hooks.new_request()
         if self.drafter is not None:  # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(self._history, sampling, self.policy.p_min, prefill=self.policy.next_draft_len() > 0)
         return cached
 
-    def _step(self, sampling: Sampling | None, budget: int, stats: GenerationStats,
-              shaper: Shaper | None = None) -> tuple[list[int], int]:
+    def _verifier(self, sampling: Sampling | None, shaper: Shaper | None):
+        """This request's verification (modes.py): one path per mode, chosen once."""
+        ctx = self.target_ctx
+        if shaper is not None:
+            return functools.partial(modes.shaped, ctx, sampling, shaper, self.target.is_eog)
+        if sampling is None:
+            return functools.partial(modes.greedy, ctx)
+        if sampling.device:
+            return functools.partial(modes.on_device, ctx, sampling)
+        return functools.partial(modes.in_numpy, ctx, sampling, self._scratch)
+
+    def _scratch(self, n: int) -> np.ndarray:
+        """Dense rows for n of the target's filtered distributions (numpy sampling), grown once to the longest."""
+        if self._target_scratch.shape[0] < n:
+            self._target_scratch = np.zeros((max(n, self.policy.k_max + 1), self.n_vocab), np.float32)
+        return self._target_scratch
+
+    def _step(self, verify, budget: int, stats: GenerationStats) -> tuple[list[int], int]:
         """Draft, verify, accept, roll back. Returns the emitted tokens and how many of them the draft proposed."""
         history, last = self._history, self._last
         room = self.n_ctx - len(history) - 1           # positions free after `last`
         k = max(min(self.policy.next_draft_len(), room, budget - 1, self.target_ctx.n_batch - 1), 0)
-        # a shadow probe: the drafter proposes one token that the target does not verify (its pass stays one token,
-        # which a GPU replays from a captured graph); the token the target emits judges it
-        shadow = not k and room > 0 and self.drafter is not None and self._shadow_len() > 0
 
-        # 1. draft
+        # 1. draft (or, on a plain step, a shadow probe where the policy asks for one)
         t0 = time.perf_counter()
         draft = self.drafter.propose(history, last, k, self.policy.p_min) if k > 0 else None
-        probe = self.drafter.propose(history, last, 1, self.policy.p_min) if shadow else None
+        probe = self._shadow_probe(room) if not k else None
         drafted = draft.tokens if draft is not None else []
         t1 = time.perf_counter()
 
-        # 2. verify: one target pass over [last, d_1..d_k], an opinion for every row
-        batch = [last] + drafted
-        if shaper is not None:  # shaped rows (shaping.py): the batch ends before a draft token the grammar refuses
-            batch = [last] + drafted[:shaper.admissible(drafted)]
-            logits = self.target_ctx.eval(batch, logits="all")
-        elif sampling is None:  # the argmax of every row (taken on the device when it can be)
-            target_argmax = self.target_ctx.eval_argmax(batch, rows="all")
-        elif sampling.device:  # every row filtered on the device: only the kept candidates come back
-            target_dists = self.target_ctx.eval_dists(batch, rows="all")
-        else:
-            logits = self.target_ctx.eval(batch, logits="all")
+        # 2. verify and accept: one target pass over [last, d_1..d_k], an opinion for every row
+        n_accepted, next_token, target_probs = verify(history, last, drafted, draft.probs if drafted else None)
 
-        # 3. accept
-        draft_arr = np.asarray(drafted[:len(batch)], dtype=np.int64)  # a refused draft token stays, unaccepted
-        target_probs = None
-        if shaper is not None:
-            rows = shaper.rows(logits, history, batch)
-            n_accepted, next_token = shaper.accept(rows, draft_arr, draft.probs if drafted else None, sampling)
-            shaper.commit(rows, n_accepted, next_token, self.target.is_eog)
-            if sampling is not None:
-                target_probs = functools.partial(rows.dist, sampling.config)
-        elif sampling is None:
-            n_accepted, next_token = accept_greedy(draft_arr, np.asarray(target_argmax))
-        else:
-            if sampling.device:
-                target_probs = target_dists.__getitem__
-            else:
-                if self._target_scratch.shape[0] < len(batch):
-                    self._target_scratch = np.zeros((max(len(batch), self.policy.k_max + 1), self.n_vocab),
-                                                    np.float32)
-                rows: dict = {}
-
-                def target_probs(i: int):
-                    if i not in rows:  # rows past the first rejection are never filtered
-                        rows[i] = filter_logits(logits[i], sampling.config, self._target_scratch[i])
-                    return rows[i]
-
-            n_accepted, next_token = accept_rejection(draft_arr, draft.probs if drafted else None, target_probs,
-                                                      sampling.rng)
-
-        # 4. roll back: keep `last` and the accepted draft tokens (a recurrent memory may restore a checkpoint)
+        # 3. roll back: keep `last` and the accepted draft tokens (a recurrent memory may restore a checkpoint)
         if not self.target_ctx.keep(len(history) + 1 + n_accepted):
             raise DecodeError("the target's cache could not drop the rejected draft tokens")
         t3 = time.perf_counter()
-        if drafted:
-            self.drafter.accepted(n_accepted)
-        elif probe is not None:
-            self.drafter.accepted(0)
-            stats.shadow_probes += 1
-            chance = shadow_acceptance(probe, next_token, target_probs)
-        history.extend(batch[:1 + n_accepted])
+        if drafted or probe is not None:
+            self.drafter.accepted(n_accepted if drafted else 0)   # a probe's token is never kept
+        history.append(last)
+        history.extend(drafted[:n_accepted])
         self._last = next_token
         t4 = time.perf_counter()
         if probe is not None:
-            self.policy.shadow(chance, t1 - t0 + (t4 - t3))
+            stats.shadow_probes += 1
+            self._hooks.shadow(shadow_acceptance(probe, next_token, target_probs), t1 - t0 + (t4 - t3))
 
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
@@ -383,46 +343,12 @@ class Pair:
         stats.record_step(len(drafted), n_accepted, t1 - t0 + (t4 - t3), t3 - t1)
         return drafted[:n_accepted] + [next_token], n_accepted
 
-
-class _Sweep(DraftPolicy):
-    """Draft k_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row (Pair.warm_up).
-    From the third pass of a size in a row on, its passes run warm: costs() tells what those took, and how much
-    more the first two took."""
-
-    name = "sweep"
-
-    def __init__(self, k_max: int, repeats: int = 1):
-        self.k = self.k_max = k_max
-        self.repeats = self._left = repeats
-        self.done = False
-        self._last_n = self._run = 0
-        self._warm: dict[int, list[float]] = {}
-        self._cold: dict[int, list[float]] = {}
-        self._draft: list[float] = []
-
-    def next_draft_len(self) -> int:
-        return self.k
-
-    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        n = drafted + 1
-        self._run = self._run + 1 if n == self._last_n else 1
-        self._last_n = n
-        if self._run >= 3:
-            self._warm.setdefault(n, []).append(verify_seconds)
-            if drafted:
-                self._draft.append(draft_seconds / drafted)
-        else:
-            self._cold.setdefault(n, []).append(verify_seconds)
-        self._left -= 1
-        if not self._left:
-            self.k, self._left = self.k - 1, self.repeats
-            self.done = self.k < 0
-            self.k = max(self.k, 0)
-
-    def costs(self) -> Costs:
-        verify = {n: median(seconds) for n, seconds in sorted(self._warm.items())}
-        excess = [c - verify[n] for n, seconds in self._cold.items() if n in verify for c in seconds]
-        return Costs(verify, median(self._draft) if self._draft else None, excess)
+    def _shadow_probe(self, room: int):
+        """On a plain step, one draft token the target does not verify (its pass stays one token, which a GPU
+        replays from a captured graph), where the policy asks for it; the token the target emits judges it."""
+        if room <= 0 or self.drafter is None or self._hooks.shadow_len() <= 0:
+            return None
+        return self.drafter.propose(self._history, self._last, 1, self.policy.p_min)
 
 
 def shadow_acceptance(probe, emitted: int, target_probs) -> float:
@@ -435,10 +361,3 @@ def shadow_acceptance(probe, emitted: int, target_probs) -> float:
         return float(x == emitted)
     p, q = as_dist(target_probs(0)).prob(x), as_dist(probe.probs[0]).prob(x)
     return min(1.0, p / q) if q > 0 else 0.0
-
-
-# load_pair lives in loading.py; it is re-exported here for the callers that import it from the engine
-def load_pair(*args, **kwargs) -> Pair:
-    from .loading import load_pair as _load_pair
-
-    return _load_pair(*args, **kwargs)

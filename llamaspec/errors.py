@@ -54,3 +54,7 @@ class Cancelled(LlamaspecError):
 
 class RegistryError(LlamaspecError):
     """A named pair is unknown, models.toml is malformed, or its files cannot be found or downloaded."""
+
+
+class PromptFileError(LlamaspecError):
+    """A prompt file cannot be read or has a malformed line."""

@@ -6,13 +6,15 @@ from pathlib import Path
 from typing import Sequence
 
 from . import bounds
-from .config import MTP_DRAFTERS, LoadConfig, ModelConfig
+from .config import LoadConfig, ModelConfig
 from .drafters import make_drafter
 from .engine import Pair
 from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
-from .gguf.hidden_pair import HIDDEN_DRAFT_ARCHS, check_hidden_pair
-from .gguf.reader import ModelInfo, check_pair, read_model_info
-from .policy import DraftPolicy, make_policy
+from .gguf.hidden_pair import check_hidden_pair
+from .gguf.compat import check_pair
+from .gguf.reader import ModelInfo, read_model_info
+from .kinds import drafter_kind, kind_for_file
+from .policy import DraftPolicy, policy_for
 
 
 def rs_snapshots(config: ModelConfig, policy: DraftPolicy) -> int:
@@ -58,25 +60,25 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     target_info = read_model_info(target)
     check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
-    kind = config.drafter
+    kind = drafter_kind(config.drafter)
     if draft is not None:
         draft_info = read_model_info(draft)
-        kind = _drafter_kind(kind, draft_info)
+        kind = drafter_kind(kind_for_file(kind.name, draft_info.arch, draft_info.path))
+        config = config.replace(drafter=kind.name)   # the pair keeps its config as resolved
         check_pair(target_info, draft_info)
         check_hidden_pair(target_info, draft_info)
-    elif kind in HIDDEN_DRAFT_ARCHS:
-        raise InvalidParameterError(f"drafter {kind!r} needs its draft GGUF (draft=...)", param="draft")
+    elif kind.draft_file == "arch":
+        raise InvalidParameterError(f"drafter {kind.name!r} needs its draft GGUF (draft=...)", param="draft")
     if policy_obj is None:
-        policy_obj = make_policy(config.policy, k=config.draft_max, k_min=config.draft_min, p_min=config.draft_p_min,
-                                 n_batch=config.target.n_batch)
-    mtp = config.drafter in MTP_DRAFTERS
-    if mtp:
-        _check_mtp_header(target_info, draft, config.drafter)
+        policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
+    if kind.source == "mtp":
+        _check_mtp_header(target_info, draft, kind.name)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
+    speculative = draft is not None or kind.name != "model"
 
     # 2. the target; a recurrent state with rollback snapshots gets one per draft token (n_ubatch >= n_rs_seq + 2)
     target_config = config.target
-    if draft is not None or config.drafter != "model":
+    if speculative:
         target_config = target_config.replace(n_rs_seq=rs_snapshots(target_config, policy_obj))
     target_model = Model(target, target_config, info=target_info)
     try:
@@ -88,8 +90,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     except BaseException:
         target_model.close()
         raise
-    if draft is None and config.drafter == "model":
-        return Pair(target_model, target_ctx, None, policy_obj)
+    if not speculative:
+        return Pair(target_model, target_ctx, None, policy_obj, config)
     if not target_ctx.rollback.speculative:
         name = target_ctx.rollback.describe()
         target_ctx.close()
@@ -98,44 +100,51 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
             f"{target}: its memory cannot drop rejected draft tokens (rollback: {name}), so speculative decoding "
             "is not supported with it (run it without a draft)")
 
-    # 3. the draft: the target's own MTP head, or a draft model on local devices unless told otherwise
-    draft_ctx = None
-    if mtp:
+    # 3. what drafts: a context of the kind's source (none for prompt lookup), then the drafter
+    try:
+        draft_ctx = _draft_context(kind.source, target_ctx, draft, draft_info, config)
+    except BaseException:
+        target_ctx.close()
+        target_model.close()
+        raise
+    drafter = make_drafter(kind.name, target_model, draft_ctx)
+    return _ready(Pair(target_model, target_ctx, drafter, policy_obj, config), config)
+
+
+def _draft_context(source: str, target_ctx, draft: str | None, draft_info: ModelInfo | None, config: LoadConfig):
+    """The context a drafter of this source drafts with: the target's MTP head, a draft model on local devices
+    unless told otherwise (over the target's hidden states for a "hidden" kind), or none."""
+    from .backend import Context, Model, devices
+
+    if source == "mtp":
         from .backend.mtp import MTPContext
 
-        try:
-            draft_ctx = MTPContext(target_ctx)
-        except BaseException:
-            target_ctx.close()
-            target_model.close()
-            raise
-    elif draft is not None:
-        draft_config = config.draft_config().replace(n_rs_seq=0)  # drafting decodes single tokens: no snapshots
-        draft_devices: Sequence[str] | None = None
-        if config.draft_device is not None:
-            draft_devices = (config.draft_device,)
-        elif config.target.rpc_servers:
-            draft_devices = tuple(d.name for d in devices() if d.kind == "gpu" and d.backend != "RPC")
-        draft_model = Model(draft, draft_config.replace(devices=draft_devices), info=draft_info)
-        if kind in HIDDEN_DRAFT_ARCHS:  # reads the target's hidden states, borrows its embeddings / head
+        return MTPContext(target_ctx)
+    if draft is None or source == "prompt":   # prompt lookup drafts from the history: a draft file goes unused
+        return None
+    draft_config = config.draft_config().replace(n_rs_seq=0)  # drafting decodes single tokens: no snapshots
+    draft_devices: Sequence[str] | None = None
+    if config.draft_device is not None:
+        draft_devices = (config.draft_device,)
+    elif config.target.rpc_servers:
+        draft_devices = tuple(d.name for d in devices() if d.kind == "gpu" and d.backend != "RPC")
+    draft_model = Model(draft, draft_config.replace(devices=draft_devices), info=draft_info)
+    try:
+        if source == "hidden":  # reads the target's hidden states, borrows its embeddings / head
             from .backend.hidden import HiddenDraftContext
 
-            try:
-                draft_ctx = HiddenDraftContext(draft_model, draft_config, target_ctx)
-            except BaseException:
-                for obj in (draft_model, target_ctx, target_model):
-                    obj.close()
-                raise
-            drafter = make_drafter(kind, target_model, draft_ctx)
-            return _ready(Pair(target_model, target_ctx, drafter, policy_obj), config)
+            return HiddenDraftContext(draft_model, draft_config, target_ctx)
         draft_ctx = Context(draft_model, draft_config)
-        if not draft_ctx.rollback.speculative:
-            name = draft_ctx.rollback.describe()
-            for obj in (draft_ctx, draft_model, target_ctx, target_model):
-                obj.close()
-            raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
-                                        "it cannot serve as a draft model")
-    return _ready(Pair(target_model, target_ctx, make_drafter(kind, target_model, draft_ctx), policy_obj), config)
+    except BaseException:
+        draft_model.close()
+        raise
+    if not draft_ctx.rollback.speculative:
+        name = draft_ctx.rollback.describe()
+        draft_ctx.close()
+        draft_model.close()
+        raise UnsupportedModelError(f"{draft}: its memory cannot drop rejected draft tokens (rollback: {name}); "
+                                    "it cannot serve as a draft model")
+    return draft_ctx
 
 
 def _ready(pair: Pair, config: LoadConfig) -> Pair:
@@ -182,18 +191,3 @@ def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
     if info.n_layer_nextn > 1:
         raise UnsupportedModelError(f"{info.path}: {info.n_layer_nextn} chained MTP heads; llamaspec drafts with a "
                                     "single head only")
-
-
-def _drafter_kind(kind: str, draft: ModelInfo) -> str:
-    """The drafter for this draft file: an EAGLE-3 / DFlash file picks its own kind when the default ("model") was
-    asked for; any other mix of kind and file is refused."""
-    if draft.arch in HIDDEN_DRAFT_ARCHS:
-        if kind in ("model", draft.arch):
-            return draft.arch
-        raise InvalidParameterError(f"{draft.path} is {'an EAGLE-3' if draft.arch == 'eagle3' else 'a DFlash'} "
-                                    f"draft: use drafter {draft.arch!r}, not {kind!r}", param="drafter")
-    if kind in HIDDEN_DRAFT_ARCHS:
-        raise InvalidParameterError(f"drafter {kind!r} needs {'an EAGLE-3' if kind == 'eagle3' else 'a DFlash'} "
-                                    f"draft GGUF (architecture {kind!r}); {draft.path} is a {draft.arch!r} model",
-                                    param="drafter")
-    return kind

@@ -103,6 +103,16 @@ def parse_samplers(spec: "str | list") -> tuple[str, frozenset]:
     return (OPENAI if first else LLAMA_CPP), frozenset(chain)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling mode of a generation: the filter settings and the random stream (greedy has none). `device`: every
+    context filters on the device (llama.cpp's sampler chains, Context.eval_dists), draft and target alike."""
+
+    config: SamplerConfig
+    rng: np.random.Generator
+    device: bool = False
+
+
 def filtered_probs(logits: np.ndarray, cfg: SamplerConfig, out: np.ndarray | None = None) -> np.ndarray:
     """The rule, plainly: probabilities after temperature, top-k, top-p and min-p; zeros outside the kept set.
     Sums to 1. Several passes over the vocabulary: the reference for tests, not the hot path (`filter_logits`).

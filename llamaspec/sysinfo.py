@@ -23,14 +23,6 @@ class GPU:
     free_mib: int
     driver: str = ""
 
-    @property
-    def total_bytes(self) -> int:
-        return self.total_mib * 2**20
-
-    @property
-    def free_bytes(self) -> int:
-        return self.free_mib * 2**20
-
 
 def parse_nvidia_smi(text: str) -> list[GPU]:
     """Rows of `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,

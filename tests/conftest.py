@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["LLAMASPEC_NO_REPACK"] = "1"
 
-from gguf_factory import find_vocab_dir, make_tiny_model  # noqa: E402
+from support.gguf_factory import find_vocab_dir, make_tiny_model  # noqa: E402
 
 REAL_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 REAL_DRAFT = "qwen2.5-coder-0.5b-instruct.gguf"

@@ -1,6 +1,6 @@
 """The benchmark's peers: the exact commands bench_engine gives llama.cpp's tools (their defaults plus only what
 the case needs), the sampling each regime asks of both engines, and the llama-server client against a fake
-llama-server on 127.0.0.1 (tests/fake_llama_server.py)."""
+llama-server on 127.0.0.1 (tests/support/fake_llama_server.py)."""
 import json
 import re
 import stat
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_asserts import find_llama_src
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import peers  # noqa: E402
+from benchmarks.compare import peers
+from support.llama_asserts import find_llama_src
 
 EXE = Path("/tools/llama-speculative-simple")
 DRAFT = peers.Case("T.gguf", "D.gguf", "draft-simple")
@@ -94,7 +92,7 @@ def fake_tools(tmp_path, monkeypatch):
     folder = tmp_path / "bin"
     folder.mkdir()
     exe = folder / "llama-server"
-    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "fake_llama_server.py").read_text())
+    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "support" / "fake_llama_server.py").read_text())
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     log = tmp_path / "requests.jsonl"
     monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
@@ -123,7 +121,7 @@ def test_a_server_that_cannot_start_says_why(fake_tools, tmp_path, monkeypatch):
 
 def _bench_engine():
     pytest.importorskip("llama_cpp")
-    import bench_engine
+    from benchmarks.compare import bench_engine
 
     return bench_engine
 

@@ -53,7 +53,7 @@ def test_every_numeric_option_refuses_absurd_values_in_one_line(command, option,
 
 def test_the_cli_the_library_and_the_server_agree_on_a_range():
     from llamaspec.server.validation import parse_completion, parse_policy_update
-    from llamaspec.server.formats import APIError
+    from llamaspec.server.apierror import APIError
 
     for row, value in [("draft_max", 2**70), ("draft_max", 10**9), ("top_k", 10**30), ("seed", 10**400),
                        ("seed", -1), ("temperature", math.inf), ("temperature", 2.5), ("temperature", 2e-251), ("max_tokens", 2**40)]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_asserts import find_llama_src
+from support.llama_asserts import find_llama_src
 from llamaspec import chat_template
 from llamaspec.chat_template import CHATML, ChatTemplate, ChatTemplateError
 

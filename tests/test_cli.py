@@ -171,7 +171,7 @@ def test_run_help_says_what_it_does_with_input_that_is_not_utf8():
     ("{{ messages[0].content.nope() }}", "has no attribute 'nope'"),
 ])
 def test_chat_template_that_fails_is_one_line_error(template, fragment, tmp_path):
-    from gguf_crafted import STRING, tiny_llama
+    from support.gguf_crafted import STRING, tiny_llama
 
     model = tiny_llama().set("tokenizer.chat_template", STRING, template).write(tmp_path / "templated.gguf")
     result = invoke(["run", "-m", model, "--chat", "-n", "1", "hi"])
@@ -246,6 +246,24 @@ def test_chat_slash_commands_change_settings_and_save_json(tiny_models, tmp_path
     assert record["messages"][0]["content"] == "Hi there"
 
 
+def _user_pair(tiny_models, tmp_path, monkeypatch, **fields) -> str:
+    """A pair in the user's models.toml over the tiny models, with these settings; returns its name."""
+    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path / "config"))
+    (tmp_path / "config").mkdir()
+    lines = ["[pairs.mine]", f'target_path = "{tiny_models["target"]}"', f'draft_path = "{tiny_models["draft"]}"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in fields.items()]
+    (tmp_path / "config" / "models.toml").write_text("\n".join(lines) + "\n")
+    return "mine"
+
+
+def test_chat_policy_command_keeps_the_pair_entrys_draft_max(tiny_models, tmp_path, monkeypatch):
+    name = _user_pair(tiny_models, tmp_path, monkeypatch, n_ctx=512, draft_max=2, policy="fixed")
+    result = invoke(["chat", "--pair", name, "-n", "4"], input="/policy confidence\n/policy fixed\n/exit\n")
+    assert result.exit_code == 0, result.output
+    assert "[policy confidence, next draft length 2]" in result.stdout    # not confidence's own 8
+    assert "[policy fixed, next draft length 2]" in result.stdout         # not fixed's own 4
+
+
 def test_chat_end_of_input_exits_cleanly(tiny_models):
     result = invoke(["chat", *pair_args(tiny_models)], input="")
     assert result.exit_code == 0 and not result.stderr.strip()
@@ -283,7 +301,7 @@ def test_chat_interrupted_reply_keeps_partial_text_and_a_consistent_cache(tiny_m
     sampler = {"max_tokens": 12, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": None}
     with load_pair(tiny_models["target"], tiny_models["noisy"], n_ctx=512, policy="fixed", draft_max=3,
                    no_repack=True) as pair:
-        session = ChatSession(pair, None, dict(sampler), {})
+        session = ChatSession(pair, None, dict(sampler))
         real_stream = pair.stream
 
         def interrupted_stream(*args, **kwargs):
@@ -300,7 +318,7 @@ def test_chat_interrupted_reply_keeps_partial_text_and_a_consistent_cache(tiny_m
         session.reply("Go on")
         continued = session.messages[-1]["content"]
     with load_pair(tiny_models["target"], tiny_models["noisy"], n_ctx=512, no_repack=True) as fresh:
-        fresh_session = ChatSession(fresh, None, dict(sampler), {})
+        fresh_session = ChatSession(fresh, None, dict(sampler))
         fresh_session.messages = session.messages[:-1]
         assert fresh.generate(fresh_session.prompt_tokens(), max_tokens=12).text == continued
 
@@ -438,6 +456,15 @@ def test_check_compatible_pair_reports_every_field_and_a_memory_plan(tiny_models
         assert re.search(rf"{field}.*\bOK\b", out), field
     assert "=> compatible" in out and "MISMATCH" not in out
     assert "weights" in out and "KV cache" in out and "compute" in out and "fits fully offloaded" in out
+
+
+def test_check_pair_plans_with_the_entrys_context_unless_told(tiny_models, tmp_path, monkeypatch):
+    name = _user_pair(tiny_models, tmp_path, monkeypatch, n_ctx=1024, cache_type_k="q8_0")
+    result = invoke(["check", "--pair", name, "--vram", "24"])
+    assert result.exit_code == 0, result.output
+    assert "Memory plan: context 1024, KV cache q8_0/f16" in result.stdout    # not 4096 f16/f16
+    result = invoke(["check", "--pair", name, "--vram", "24", "-c", "2048"])
+    assert "Memory plan: context 2048, KV cache q8_0/f16" in result.stdout
 
 
 def test_check_incompatible_pair_marks_the_mismatch_and_fails(tiny_models):

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
-from gguf_factory import make_tiny_model
+from support.gguf_factory import make_tiny_model
 
 import llamaspec
-from llamaspec.gguf.edit import Field, GGUFContents, TensorData, prune_blocks, read_gguf, write_gguf
-from llamaspec.gguf.reader import check_pair, pair_mismatch, read_model_info
+from llamaspec.gguf.edit import Field, GGUFContents, TensorData, read_gguf, write_gguf
+from llamaspec.gguf.prune import prune_blocks
+from llamaspec.gguf.compat import check_pair, pair_mismatch
+from llamaspec.gguf.reader import read_model_info
 
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_TARGET
 

@@ -4,8 +4,8 @@ keeping the target's distribution. Tiny generated models with the real Qwen2 voc
 import numpy as np
 import pytest
 
-from chisq import assert_follows
-from gguf_factory import make_tiny_model
+from support.chisq import assert_follows
+from support.gguf_factory import make_tiny_model
 from llamaspec import load_pair
 from llamaspec.backend import Context, Model, supports_gpu_offload
 from llamaspec.config import ModelConfig

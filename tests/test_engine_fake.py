@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from chisq import assert_follows
-from fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pair
+from support.chisq import assert_follows
+from support.fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pair
 from llamaspec.drafters import Draft, make_drafter
 from llamaspec.engine import Pair, StopMatcher, shadow_acceptance
 from llamaspec.errors import ContextOverflowError, InvalidParameterError

@@ -5,7 +5,7 @@ Skipped with a reason when LLAMASPEC_TEST_MODELS does not point at the files mad
 import numpy as np
 import pytest
 
-from chisq import assert_follows
+from support.chisq import assert_follows
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
 from llamaspec import load_pair
 from llamaspec.drafters import common_prefix_len

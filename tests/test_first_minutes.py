@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from llamaspec import sysinfo
 from llamaspec.cli import main
-from llamaspec.cli.options import GPU_LAYERS, HELP_SECTIONS, warn_before_load
+from llamaspec.cli.options import GPU_LAYERS, HELP_SECTIONS
+from llamaspec.cli.pair_choice import warn_before_load
 
 
 def invoke(*args):
@@ -81,7 +82,7 @@ def test_cpu_only_build_on_a_gpu_machine_says_so_once_with_the_install_command(m
     ([], "default")])
 def test_no_model_offers_the_pair_for_the_free_vram(monkeypatch, tmp_path, gpus, expected):
     import llamaspec.backend
-    from llamaspec.cli.options import default_pair_for_this_machine
+    from llamaspec.cli.pair_choice import default_pair_for_this_machine
 
     monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path))
     monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: True)

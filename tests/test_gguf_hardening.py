@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from arch_models import find_test_llama_archs, make_arch_model
+from support.arch_models import find_test_llama_archs, make_arch_model
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
-from gguf_crafted import CORPUS, parse, mutate, tiny_llama
-from load_worker import LoadWorker
+from support.gguf_crafted import CORPUS, parse, mutate, tiny_llama
+from support.load_worker import LoadWorker
 from llamaspec.backend.native import load_error
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.reader import read_model_info
@@ -180,16 +180,16 @@ def test_real_models_pass_the_checks(real_models):
 
 
 def test_architecture_tables_match_the_llama_cpp_source():
-    from llama_asserts import find_llama_src, graph_asserts
-    from llamaspec.gguf import limits
+    from support.llama_asserts import find_llama_src, graph_asserts
+    from llamaspec.gguf import graph_archs
 
     src = find_llama_src()
     if src is None:
         pytest.skip("llama.cpp source not found (benchmarks/build-llama-tools.sh unpacks it)")
     k_eq_v, head_is_rot, query_is_n_embd = graph_asserts(src)
-    assert limits.HEAD_K_EQ_V_ARCHS == k_eq_v
-    assert limits.HEAD_IS_ROT_ARCHS == head_is_rot
-    assert limits.QUERY_IS_N_EMBD_ARCHS == query_is_n_embd
+    assert graph_archs.HEAD_K_EQ_V_ARCHS == k_eq_v
+    assert graph_archs.HEAD_IS_ROT_ARCHS == head_is_rot
+    assert graph_archs.QUERY_IS_N_EMBD_ARCHS == query_is_n_embd
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """`-hf REPO[:QUANT]` / `-hfd` (the file for a quant and the sidecar heads, as llama.cpp picks them) and GGUF headers
 read over HTTP with range requests (`llamaspec check -hf ...` / `--pair` without downloading the files).
 
-The hub is tests/hf_standin.py: a real HTTP server on 127.0.0.1 serving GGUF files these tests write, with the
+The hub is tests/support/hf_standin.py: a real HTTP server on 127.0.0.1 serving GGUF files these tests write, with the
 hub's tree API and byte ranges; it counts the body bytes it sends, which is how "only a prefix was read" is checked.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from gguf import GGUFWriter
 
-from hf_standin import HubStandin
+from support.hf_standin import HubStandin
 from llamaspec.errors import RegistryError
 from llamaspec.gguf.reader import read_model_info
 from llamaspec.hub import download, hf_repo, remote
@@ -260,7 +260,7 @@ def test_offline_and_not_cached_says_so(hub, monkeypatch):
 
 
 def test_hf_download_goes_to_the_cache_and_then_works_offline(hub, monkeypatch):
-    from llamaspec.cli.options import resolve_model_paths
+    from llamaspec.cli.pair_choice import resolve_model_paths
 
     target, draft, defaults = resolve_model_paths({"hf_repo": "o/big:Q8_0", "hf_repo_draft": "o/small",
                                                    "assume_yes": True})
@@ -273,7 +273,7 @@ def test_hf_download_goes_to_the_cache_and_then_works_offline(hub, monkeypatch):
 
 
 def test_hf_without_yes_or_terminal_says_how_and_downloads_nothing(hub):
-    from llamaspec.cli.options import resolve_model_paths
+    from llamaspec.cli.pair_choice import resolve_model_paths
 
     with pytest.raises(RegistryError, match="--yes"):
         resolve_model_paths({"hf_repo": "o/big:Q8_0"})

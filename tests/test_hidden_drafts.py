@@ -1,5 +1,5 @@
 """EAGLE-3 and DFlash drafters on tiny llama.cpp models: a test-llama-archs qwen3 target (stdev 0.5) and drafts
-written by tests/hidden_drafts.py.
+written by tests/support/hidden_drafts.py.
 
 Two kinds of draft: random ones (they almost never agree: the rejecting paths) and ones that compute the bigram map
 of a target whose blocks were scaled down (they agree often: the accepting paths, partial acceptance, rollbacks).
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from arch_models import make_arch_model
-from hidden_drafts import bigram_map, make_bigram_target, make_dflash_draft, make_eagle3_draft
-from chisq import CHI2_CRIT_0001, chi_square
+from support.arch_models import make_arch_model
+from support.hidden_drafts import bigram_map, make_bigram_target, make_dflash_draft, make_eagle3_draft
+from support.chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.errors import IncompatiblePairError, InvalidParameterError, UnsupportedModelError
@@ -154,7 +154,7 @@ def test_a_dflash_block_is_one_pass_and_its_first_row_is_right(models):
         # per step: one block decode, plus the feed of the accepted tokens' features (prefill: 2 feeds)
         assert pair.draft_ctx.decode_calls - calls <= 2 * steps + 2
         pair.set_policy(make_policy("auto"))          # auto prices the block as one pass, not per token
-        assert pair.policy._draft_units(7) == 1
+        assert pair.policy.model.draft_units(7) == 1
     assert c.tokens == plain_tokens(models["bigram"], prompt, 30)
 
 

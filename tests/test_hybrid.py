@@ -1,6 +1,6 @@
 """Speculation with hybrid and recurrent targets and drafts, exactly as without it.
 
-The models are llama.cpp's own tiny random-weight models of real archs (tests/arch_models.py; stdev 0.5, so the
+The models are llama.cpp's own tiny random-weight models of real archs (tests/support/arch_models.py; stdev 0.5, so the
 recurrent state matters to the logits): qwen35 (hybrid with rollback snapshots: bounded rollback), qwen3next and
 mamba2 (recurrent state without snapshots: checkpoint and replay), llama (attention KV: the control). All share
 one 128-token vocabulary without EOS, so any two form a pair: the same file drafts itself (mostly accepted),
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from arch_models import make_arch_model, require_test_llama_archs
-from fakes import FakeContext, FakeModel
+from support.arch_models import make_arch_model, require_test_llama_archs
+from support.fakes import FakeContext, FakeModel
 from llamaspec import load_pair
 from llamaspec.backend import Context, Model
 from llamaspec.backend.native import llama_cpp

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from arch_models import make_arch_model
-from mtp_models import make_mtp_model
-from chisq import CHI2_CRIT_0001, chi_square
+from support.arch_models import make_arch_model
+from support.mtp_models import make_mtp_model
+from support.chisq import CHI2_CRIT_0001, chi_square
 
 from llamaspec import load_pair
 from llamaspec.backend import Context
@@ -321,7 +321,7 @@ def plain_text(path, prompt, n):
 def test_spec_type_names_map_onto_drafter_kinds():
     import click
 
-    from llamaspec.cli.options import chosen_drafter, spec_type_drafter
+    from llamaspec.cli.pair_choice import chosen_drafter, spec_type_drafter
 
     assert [spec_type_drafter(v) for v in ("draft-mtp", "draft-simple", "ngram-simple", "none")] == \
         ["mtp", "model", "lookup", None]
@@ -338,13 +338,13 @@ def test_spec_type_names_map_onto_drafter_kinds():
 
 
 def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
-    """benchmarks/synth_mtp.py --preset tiny: the head is right on a known fraction a of the vocabulary, so with k=3
-    a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""
+    """benchmarks/synthetic/synth_mtp.py --preset tiny: the head is right on a known fraction a of the vocabulary, so
+    with k=3 a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "synth_mtp.py"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "synthetic" / "synth_mtp.py"
     out = tmp_path / "synth.gguf"
     run = subprocess.run([sys.executable, str(script), str(out), "--preset", "tiny", "--agree", "0.7"],
                          capture_output=True, text=True, timeout=300)

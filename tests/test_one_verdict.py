@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_crafted import ARRAY, INT32, STRING, corpus_file, tiny_llama
+from support.gguf_crafted import ARRAY, INT32, STRING, corpus_file, tiny_llama
 
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.reader import read_model_info

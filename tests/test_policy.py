@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from llamaspec.errors import InvalidParameterError
-from llamaspec.policy import AutoPolicy, ConfidencePolicy, Costs, FixedPolicy, ThresholdPolicy, make_policy
+from llamaspec.policy import (AutoPolicy, AutoTuning, ConfidencePolicy, Costs, FixedPolicy, Phase, ThresholdPolicy,
+                              make_policy)
 
 
 def test_fixed_policy_never_changes():
@@ -169,16 +170,16 @@ def test_auto_prices_a_block_drafter_per_pass(acceptance):
         return sum(acceptance ** j for j in range(k + 1)) / ((block_pass if k else 0.0) + H200_V[k])
 
     p = AutoPolicy(k_max=15)
-    p.set_draft_cost("per_pass")
+    p.attach("per_pass")
     chosen = _run_on_curve(p, acceptance, lambda k: block_pass if k else 0.0)
     best = max(speed(k) for k in range(1, 16))
     assert sum(speed(k) for k in chosen[-200:]) / 200 >= 0.95 * best, chosen[-20:]
     with pytest.raises(InvalidParameterError, match="per_pass"):
-        p.set_draft_cost("per_block")
+        p.attach("per_block")
 
 
 # -- auto on simulated machines: the engine's step on a fake clock (policy_sim.py) ---------------------------------
-from policy_sim import CPU, GPU, H200_GRAPHS, H200_GRAPHS_BIG_DRAFT, SHARED_CPU, compare, simulate  # noqa: E402
+from support.policy_sim import CPU, GPU, H200_GRAPHS, H200_GRAPHS_BIG_DRAFT, SHARED_CPU, compare, simulate  # noqa: E402
 
 SEEDS = range(5)
 
@@ -250,7 +251,7 @@ def test_plain_steps_do_no_search(monkeypatch):
     p = make_policy("auto")
     simulate(p, CPU, 0.0, requests=1)  # learns that no draft pays here
     searched = []
-    monkeypatch.setattr(p, "_verify_curve", lambda *args: searched.append(args) or [])
+    monkeypatch.setattr(p.model, "verify_curve", lambda *args: searched.append(args) or [])
     for _ in range(500):
         p.update(0, 0, 0.0, 1.0)
     assert p.next_draft_len() == 0 and not searched
@@ -274,7 +275,7 @@ def test_a_larger_batch_is_never_taken_as_cheaper_than_a_smaller_one():
 # -- a GPU where a change of batch size costs: llama.cpp re-captures its CUDA graph ------------------------------------
 def test_cold_passes_are_learnt_apart_from_warm_ones():
     p = make_policy("auto")
-    p.enable_shadow_probes()
+    p.attach()
     for _ in range(4):
         p.update(0, 0, 0.0, 1.0)
     p.update(3, 0, 0.6, 1.9)          # a draft; the two plain passes after it run cold
@@ -313,7 +314,7 @@ def test_a_useless_draft_is_probed_in_the_shadow_where_changes_cost(calibrated):
 
 def test_calibrated_costs_replace_the_measuring_draft():
     p = make_policy("auto", k=4)
-    p.enable_shadow_probes()
+    p.attach()
     p.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
     assert [round(p.verify_time(n), 6) for n in range(1, 6)] == [1.0, 1.3, 1.6, 1.9, 2.2]
     assert p.t_draft == pytest.approx(0.05) and 0.4 <= p.switch_cost <= 0.5
@@ -326,7 +327,7 @@ def test_calibrated_costs_replace_the_measuring_draft():
     p.update(0, 0, 0.0, 1.5)
     assert p.next_draft_len() > 0              # accepted: now a draft pays
     q = make_policy("auto", k=4)
-    q.enable_shadow_probes()
+    q.attach()
     q.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
     q.update(0, 0, 0.0, 1.0)
     q.shadow(0.0, 0.06)
@@ -338,7 +339,7 @@ def test_calibrated_costs_replace_the_measuring_draft():
 
 def test_calibrated_costs_that_no_draft_can_repay_keep_auto_plain():
     p = make_policy("auto", k=4)
-    p.enable_shadow_probes()
+    p.attach()
     p.calibrate(Costs({n: float(n) for n in range(1, 6)}, 0.5, [0.0] * 10))   # a CPU: n tokens cost n passes
     for _ in range(200):
         p.update(p.next_draft_len(), 0, 0.0, 1.0)
@@ -352,3 +353,92 @@ def test_a_70_percent_draft_recovers_from_a_failed_first_draft_where_changes_cos
         ratios.append(runs["runs"]["auto"].throughput / runs["runs"][runs["best_fixed"]].throughput)
     # without shadow probes, a first draft rejected at its first token left auto plain for the whole run (0.63)
     assert np.mean(ratios) >= 0.85 and min(ratios) >= 0.72, ratios
+
+
+# -- the cost model alone (policy/costs.py) ------------------------------------------------------------------------
+def _model(verify: dict, t_draft: float | None, per_pass: bool = False):
+    from llamaspec.policy.costs import CostModel
+
+    model = CostModel(AutoTuning(), per_pass=per_pass)
+    model.calibrate(Costs(verify, t_draft, []))
+    return model
+
+
+def test_tokens_per_pass_is_one_plus_the_chance_of_each_accepted_prefix():
+    from llamaspec.policy.costs import expected_tokens
+
+    a = [0.0, 0.5, 0.5, 0.5]
+    assert expected_tokens(a, 0) == 1.0
+    assert expected_tokens(a, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_step_time_is_the_draft_plus_one_verification():
+    model = _model({1: 1.0, 3: 1.4}, 0.1)
+    assert model.step_time(0) == pytest.approx(1.0)
+    assert model.step_time(2) == pytest.approx(2 * 0.1 + 1.4)
+    assert model.verify_time(2) == pytest.approx(1.2)   # between two measured sizes: the line through both
+    assert model.verify_time(5) == pytest.approx(1.8)   # beyond the largest: the chord from the smallest
+    block = _model({1: 1.0, 3: 1.4}, 0.3, per_pass=True)
+    assert block.step_time(2) == pytest.approx(0.3 + 1.4)   # one pass for the whole block
+
+
+def test_speeds_pick_the_k_that_maximises_tokens_per_second():
+    model = _model({n: 1.0 + 0.05 * (n - 1) for n in range(1, 12)}, 0.05)
+    a = [0.0] + [0.7] * 10
+    speeds = dict(model.speeds(a, 10, False))
+    best = max(range(1, 11), key=lambda k: (1 - 0.7 ** (k + 1)) / (0.3 * (0.05 * k + 1.0 + 0.05 * k)))
+    assert model.best_k(a, 10, False) == best
+    assert speeds[best] == pytest.approx((1 - 0.7 ** (best + 1)) / 0.3 / (0.05 * best + 1.0 + 0.05 * best))
+    assert model.perfect_draft_gain(10) == pytest.approx(11 / (0.5 + 1.5))
+
+
+def test_acceptance_estimates_lean_on_the_position_before():
+    from llamaspec.policy.costs import Acceptance
+
+    acc = Acceptance(4, AutoTuning())
+    assert acc.estimates()[1:] == [pytest.approx(0.6)] * 4         # the prior before any draft
+    for _ in range(20):
+        acc.record_draft(4, 0)                                     # rejected at position 1: later ones unjudged
+    a = acc.estimates()
+    assert a[1] < 0.05 and a[2] < a[1] + 0.05 and acc.tried[2] == 0
+
+
+def test_tuning_is_validated_once_and_frozen():
+    with pytest.raises(InvalidParameterError, match="min_gain"):
+        AutoPolicy(min_gain=0.5)
+    with pytest.raises(InvalidParameterError, match="k_start"):
+        AutoTuning(k_start=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AutoTuning().decay = 0.5
+    assert AutoPolicy(k_max=2).k_start == 2                       # clipped to k_max
+
+
+def test_phases_on_a_machine_where_no_draft_pays():
+    p = make_policy("auto")
+    assert p.phase is Phase.START
+    p.update(0, 0, 0.0, 1.0)
+    assert p.phase is Phase.MEASURE and p.next_draft_len() == p.k_start
+    p.update(3, 3, 3 * 0.5, 4.0)                                   # a CPU: n tokens cost n passes, draft 0.5
+    for _ in range(4):                                             # two cold plain passes, then warm ones
+        p.update(p.next_draft_len(), 0, 0.0, 1.0)
+    assert p.phase is Phase.OFF and p.next_draft_len() == 0
+
+
+# -- the drafting settings (config.DraftSettings) ------------------------------------------------------------------
+def test_draft_settings_are_checked_once_and_change_by_replace():
+    from llamaspec.config import DraftSettings, LoadConfig
+    from llamaspec.policy import policy_for
+
+    config = LoadConfig.from_kwargs(policy="threshold", draft_max=6, draft_min=2, draft_p_min=0.5, n_ctx=1024)
+    assert config.drafting == DraftSettings("threshold", 6, 2, 0.5)
+    assert (config.policy, config.draft_max, config.draft_min, config.draft_p_min) == ("threshold", 6, 2, 0.5)
+    assert config.replace(n_ctx=2048).drafting is config.drafting        # other settings leave it as it is
+    p = policy_for(config.drafting)
+    assert (p.name, p.k_min, p.k_max, p.p_min) == ("threshold", 2, 6, 0.5)
+    changed = config.drafting.with_named(policy="fixed")
+    assert changed == dataclasses.replace(config.drafting, policy="fixed") and policy_for(changed).k == 6
+    assert config.drafting.with_named(policy=None, draft_max=None).named() == \
+        {"policy": "auto", "draft_max": None, "draft_min": 2, "draft_p_min": 0.5}
+    for bad in (dict(policy="fastest"), dict(draft_max=-1), dict(drafter="telepathy"), dict(draft_min=1.5)):
+        with pytest.raises(InvalidParameterError, match=next(iter(bad))):
+            LoadConfig.from_kwargs(**bad)

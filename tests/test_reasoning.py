@@ -86,7 +86,7 @@ def test_pair_chat_gives_the_thinking_apart_with_tags_cut_across_tokens():
 
 @pytest.fixture(scope="module")
 def thinking_pair(tiny_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), n_ctx=512, n_threads=1)
     pair._chat_template = ChatTemplate(THINK_TEMPLATE)

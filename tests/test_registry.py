@@ -1,6 +1,6 @@
 """The pair registry (models.toml), downloads through the real huggingface_hub client, and `llamaspec models`.
 
-No model hub is reachable here: downloads go to tests/hf_standin.py, a local server speaking the hub's file routes,
+No model hub is reachable here: downloads go to tests/support/hf_standin.py, a local server speaking the hub's file routes,
 with HF_ENDPOINT pointing at it; HF_HOME and the user config dir are temp dirs for every test.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFWriter
-from hf_standin import COMMIT, HubStandin
+from support.hf_standin import COMMIT, HubStandin
 
 from llamaspec.hub import download, registry
 from llamaspec.errors import IncompatiblePairError, RegistryError
@@ -489,7 +489,7 @@ def test_unknown_pair_on_the_command_line_is_one_line():
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_engine_loads_the_test_pair_by_name(real_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     with load_pair("test", n_ctx=256, n_gpu_layers=0) as pair:
         assert pair.draft is not None

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from chisq import assert_follows
+from support.chisq import assert_follows
 from llamaspec.errors import InvalidParameterError
 from llamaspec.sampling import (Dist, SamplerConfig, filter_logits, filtered_probs, max_prob, parse_samplers, sample,
                                 sample_from)

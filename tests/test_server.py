@@ -133,7 +133,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def library_pair(tiny_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=N_CTX, n_threads=1)
     yield pair
@@ -691,7 +691,7 @@ def test_real_pair_chat_through_the_server_equals_the_library(real_models, tmp_p
     from conftest import REAL_DRAFT, REAL_TARGET
 
     from llamaspec.chat_template import ChatTemplate
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     models = {"target": real_models / REAL_TARGET, "draft": real_models / REAL_DRAFT}
     messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]

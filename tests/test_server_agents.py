@@ -116,7 +116,7 @@ def test_greedy_constrained_speculation_equals_constrained_plain_decoding(real_m
     from conftest import REAL_DRAFT, REAL_TARGET
 
     from llamaspec.backend.grammar import Grammar, json_schema_gbnf
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
     from llamaspec.policy import make_policy
     from llamaspec.shaping import Penalties, Shaping
 

@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
 
-from llamaspec.server.formats import APIError, ResponseFormat  # noqa: E402
+from llamaspec.server.apierror import APIError  # noqa: E402
+from llamaspec.server.formats import ResponseFormat  # noqa: E402
 from llamaspec.server.metrics import ServerMetrics  # noqa: E402
 from llamaspec.server.timings import timings  # noqa: E402
 from llamaspec.server.tools import (ToolStream, family_of, forced_call_gbnf, forced_call_schema,  # noqa: E402

@@ -44,7 +44,7 @@ def target(tiny_models):
 
 @pytest.fixture(scope="module")
 def pair(tiny_models):
-    from llamaspec.engine import load_pair
+    from llamaspec import load_pair
 
     p = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=N_CTX, n_threads=1)
     yield p
@@ -217,6 +217,26 @@ def test_chat_template_that_raises_is_a_chat_template_error(pair, source):
                                                       "max_tokens": 1})
         assert_openai_error(r, 400, code="chat_template_error")
         assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+
+
+def test_admin_policy_change_keeps_the_loaded_draft_max(tiny_models):
+    """PATCH /admin/config changes what the body gives and keeps the rest as the pair was loaded (a --pair entry's
+    draft_max included)."""
+    from starlette.testclient import TestClient
+
+    from llamaspec import load_pair
+    from llamaspec.server import ServerConfig, create_app
+
+    with load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), n_ctx=256, n_threads=1, policy="fixed",
+                   draft_max=2) as pair:
+        app = create_app(pair, ServerConfig(model_id="tiny", admin_key="adm"))
+        with TestClient(app, base_url="http://localhost") as client:
+            auth = {"Authorization": "Bearer adm"}
+            assert client.get("/admin/config", headers=auth).json()["settings"]["draft_max"] == 2
+            r = client.patch("/admin/config", headers=auth, json={"policy": "confidence"})
+            assert r.status_code == 200, r.text
+            assert r.json()["policy"]["draft_len"] == 2 and r.json()["settings"]["policy"] == "confidence"
+            assert pair.config.drafting.policy == "confidence" and pair.config.drafting.k == 2
 
 
 def test_template_that_cannot_compile_is_named_at_load():

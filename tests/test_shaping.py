@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chisq import assert_follows
-from fakes import FakeContext, FakeModel, fake_pair, plain_pair
+from support.chisq import assert_follows
+from support.fakes import FakeContext, FakeModel, fake_pair, plain_pair
 from llamaspec.drafters import make_drafter
 from llamaspec.engine import Pair
 from llamaspec.errors import InvalidParameterError

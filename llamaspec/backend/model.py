@@ -98,10 +98,6 @@ class Model(NativeHandle):
             if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
                 self._eog[tok] = True
 
-    @property
-    def eog_ids(self) -> np.ndarray:
-        return np.flatnonzero(self._eog)
-
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
 

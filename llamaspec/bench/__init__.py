@@ -283,9 +283,8 @@ def auto_state(policy: AutoPolicy) -> str:
     v1, t_draft = policy.verify_time(1), policy.t_draft
     if gain is None or not t_draft:
         return "costs not measured"
-    points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy._sizes)
-    acceptance = ", ".join(f"{a:.2f}" for a in policy.acceptances()[1:6])
-    switch = getattr(policy, "switch_cost", None)   # (an AutoPolicy from before cold passes were told apart)
-    cold = f"; a cold pass {switch / v1:.2f} plain passes slower" if switch is not None else ""
+    points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy.model.sizes)
+    acceptance = ", ".join(f"{a:.2f}" for a in policy.accept.estimates()[1:6])
+    cold = f"; a cold pass {policy.switch_cost / v1:.2f} plain passes slower"
     return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {t_draft / v1:.2f}, {points}{cold}; "
             f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}")

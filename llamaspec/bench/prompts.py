@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import LlamaspecError
+from ..errors import PromptFileError
 
 CODE = (
     "Write a Python function `is_palindrome(s: str) -> bool` that ignores case and punctuation, with a docstring "
@@ -71,10 +71,6 @@ GROUNDED = (
 )
 
 PROMPT_SETS: dict[str, tuple[str, ...]] = {"code": CODE, "prose": PROSE, "grounded": GROUNDED}
-
-
-class PromptFileError(LlamaspecError):
-    """A prompt file cannot be read or has a malformed line."""
 
 
 def load_prompts(spec: str) -> list[str]:

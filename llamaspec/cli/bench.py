@@ -9,8 +9,8 @@ import sys
 import click
 
 from . import main
-from .options import Command, fail, handle_errors, load_pair_from_options, pair_options, sampler_kwargs, sampler_options
-
+from .options import Command, fail, handle_errors, pair_options, sampler_kwargs, sampler_options
+from .pair_choice import load_pair_from_options
 PLOT_INSTALL = "pip install 'llamaspec[plot]'"
 TABLE_COLUMNS = ("mode", "draft len", "mean draft", "acceptance", "tok/pass", "tok/s", "speedup", "same output")
 

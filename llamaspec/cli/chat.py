@@ -17,8 +17,9 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, handle_errors, load_pair_from_options, not_utf8, pair_options, reasoning_option,
-                      sampler_kwargs, sampler_options, utf8_argument)
+from .options import (Command, handle_errors, not_utf8, pair_options, reasoning_option, sampler_kwargs,
+                      sampler_options, utf8_argument)
+from .pair_choice import load_pair_from_options
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -90,7 +91,7 @@ def read_message() -> str:
 class ChatSession:
     """The conversation, the sampler settings, and the slash commands that change them."""
 
-    def __init__(self, pair, system: str | None, sampler: dict, policy_settings: dict, reasoning: str = "auto"):
+    def __init__(self, pair, system: str | None, sampler: dict, reasoning: str = "auto"):
         from ..chat_template import ChatTemplate
 
         self.pair = pair
@@ -98,7 +99,6 @@ class ChatSession:
         self.system = system
         self.messages: list[dict] = []
         self.sampler = sampler
-        self.policy_settings = policy_settings
         self.last_stats = None
         self.reasoning = reasoning
         self.opens_thinking = False
@@ -236,18 +236,18 @@ class ChatSession:
             click.echo(dim(f"[draft length {k}, fixed]"))
 
     def cmd_policy(self, arg):
+        import dataclasses
+
         from ..errors import InvalidParameterError
-        from ..policy import POLICY_NAMES, make_policy
+        from ..policy import POLICY_NAMES
 
         if arg not in POLICY_NAMES:
             click.echo(f"usage: /policy NAME  ({', '.join(POLICY_NAMES)})")
             return
         if not self._needs_draft():
             return
-        s = self.policy_settings
-        try:
-            self.pair.set_policy(make_policy(arg, k=s.get("draft_max"), k_min=s.get("draft_min"),
-                                             p_min=s.get("draft_p_min")))
+        try:   # the pair's settings as loaded (a --pair entry's draft_max too), with the new policy name
+            self.pair.set_drafting(dataclasses.replace(self.pair.config.drafting, policy=arg))
         except InvalidParameterError as e:
             click.echo(f"error: {e}")
             return
@@ -382,8 +382,7 @@ def chat(system, reasoning, **opts):
     system = utf8_argument(system, "--system")
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
-        session = ChatSession(pair, system, sampler_kwargs(opts),
-                              {k: opts.get(k) for k in ("draft_max", "draft_min", "draft_p_min")}, reasoning)
+        session = ChatSession(pair, system, sampler_kwargs(opts), reasoning)
         draft = f"draft {pair.draft.path.name}" if pair.draft is not None else \
             (f"drafter {pair.drafter_kind}" if pair.speculative else "no draft")
         policy = f", policy {pair.policy.name}" if pair.speculative else ""

@@ -7,10 +7,12 @@ from pathlib import Path
 import click
 
 from . import main
-from ..config import ModelConfig
-from .options import Command, fail, handle_errors, hf_options, hf_refs
+from ..config import CACHE_TYPES, FLASH_ATTN_MODES, LoadConfig, ModelConfig
+from .options import Command, fail, handle_errors, hf_options
+from .pair_choice import hf_refs
 
-KV_CHOICES = click.Choice(["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"])
+KV_CHOICES = click.Choice(CACHE_TYPES)
+_MODEL = ModelConfig()   # the defaults every option shows
 
 
 def finite(ctx, param, value: float | None) -> float | None:
@@ -118,13 +120,17 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
 @hf_options()[0]
 @hf_options()[1]
 @hf_options()[2]
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True)
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default="f16", show_default=True)
-@click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default="f16", show_default=True)
-@click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(["auto", "on", "off"]), default="auto",
-              show_default=True)
-@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=-1, show_default=True)
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
+              show_default=f"{_MODEL.n_ctx}, or the --pair entry's")
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=None, show_default=str(_MODEL.n_batch))
+@click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default=None,
+              show_default=f"{_MODEL.cache_type_k}, or the --pair entry's")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default=None,
+              show_default=f"{_MODEL.cache_type_v}, or the --pair entry's")
+@click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(FLASH_ATTN_MODES), default=None,
+              show_default=_MODEL.flash_attn)
+@click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=None,
+              show_default=f"{_MODEL.n_gpu_layers}, or the --pair entry's")
 @click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None)
 @click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
@@ -139,7 +145,7 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
     from ..loading import rs_snapshots
-    from ..policy import make_policy
+    from ..policy import policy_for
 
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
     from ..backend.model import check_loads
@@ -147,11 +153,20 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     for info in (target_info, draft_info):   # llama.cpp's own refusals, as `run` meets them (no weights read)
         if info is not None and Path(info.path).is_file():   # a header read from the hub has no file here
             check_loads(info.path)
-    mtp = mtp_head_memory(target_info, Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k,
-                                                type_v=cache_type_v, flash_attn=flash_attn != "off"))
-    settings = Settings(n_ctx=n_ctx, n_ubatch=n_batch, type_k=cache_type_k, type_v=cache_type_v,
-                        flash_attn=flash_attn != "off", speculative=draft_info is not None or mtp is not None,
-                        n_rs_seq=rs_snapshots(ModelConfig(n_batch=n_batch), make_policy("auto")))
+    # the options given, else a --pair entry's settings, else load_pair's defaults: what loading it would use
+    defaults = {}
+    if pair_name:
+        from ..hub.registry import get_pair
+
+        defaults = get_pair(pair_name).defaults()
+    config = LoadConfig().replace(**defaults).replace(
+        n_ctx=n_ctx, n_batch=n_batch, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers)
+    n_ctx, n_gpu_layers = config.target.n_ctx, config.target.n_gpu_layers
+    draft_n_gpu_layers = config.draft.n_gpu_layers if config.draft is not None else None
+    mtp = mtp_head_memory(target_info, Settings.of(config.target))
+    settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
+                           n_rs_seq=rs_snapshots(config.target, policy_for(config.drafting)))
     for role, info in (("target", target_info), ("draft", draft_info)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "

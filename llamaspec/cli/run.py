@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, decode_utf8, handle_errors, load_pair_from_options, pair_options, reasoning_option,
-                      sampler_kwargs, sampler_options, utf8_argument, warn)
+from .options import (Command, decode_utf8, handle_errors, pair_options, reasoning_option, sampler_kwargs,
+                      sampler_options, utf8_argument, warn)
+from .pair_choice import load_pair_from_options
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """PROMPT, the text of -f FILE, or stdin for `-` (either form); all of them UTF-8."""
-    from ..bench.prompts import PromptFileError
+    from ..errors import PromptFileError
 
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt as an argument or with -f FILE, not both")

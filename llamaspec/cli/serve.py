@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, load_pair_from_options, pair_options
+from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, pair_options
+from .pair_choice import load_pair_from_options
 
 
 @main.command(cls=Command)
@@ -56,8 +57,7 @@ def serve(**opts):
         config = ServerConfig(
             model_id=model_id, api_key=opts["api_key"], admin_key=opts["admin_key"], max_queue=opts["max_queue"],
             max_body_bytes=opts["max_body_bytes"], read_timeout=opts["read_timeout"], bound_host=opts["host"],
-            allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]),
-            policy_settings={k: opts.get(k) for k in ("policy", "draft_max", "draft_min", "draft_p_min")})
+            allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]))
         app = create_app(pair, config)
         service = app.state.service
         if service.template_error:

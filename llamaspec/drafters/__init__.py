@@ -1,17 +1,16 @@
 """Where draft tokens come from. Every kind implements `Drafter` (keep in step with the history, propose up to k
-tokens with their distributions when sampling, learn how many were accepted) and is named once in `DRAFTERS`;
-`make_drafter` builds one. A new kind is one new module plus one line in `DRAFTERS`.
+tokens with their distributions when sampling, learn how many were accepted) and is described once in kinds.py;
+`make_drafter` builds one from its descriptor. A new kind is one new module plus one descriptor.
 
 Drafters know nothing about acceptance rules, policies or the target's cache (the MTP, EAGLE-3 and DFlash drafters
 follow the target's decodes, through the target context's `on_decode`, not its cache).
 """
 from __future__ import annotations
 
-from typing import Callable
+import importlib
 
-from ..config import DRAFTER_KINDS
-from ..errors import InvalidParameterError
-from .base import Draft, Drafter, Sampling, common_prefix_len
+from ..kinds import drafter_kind
+from .base import Draft, Drafter, common_prefix_len
 from .dflash import DFlashDrafter
 from .eagle3 import Eagle3Drafter
 from .lookup import CombinedDrafter, PromptLookupDrafter
@@ -19,58 +18,20 @@ from .model import ModelDrafter
 from .mtp import MTPDrafter
 
 
-def _model(target, draft_ctx):
-    return ModelDrafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
-
-
-def _lookup(target, draft_ctx):
-    return PromptLookupDrafter(n_vocab=target.n_vocab)
-
-
-def _lookup_model(target, draft_ctx):
-    model = _model(target, draft_ctx)
-    return CombinedDrafter(_lookup(target, draft_ctx), model) if model else _lookup(target, draft_ctx)
-
-
-def _mtp(target, draft_ctx):
-    return MTPDrafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None   # draft_ctx: an MTPContext
-
-
-def _lookup_mtp(target, draft_ctx):
-    mtp = _mtp(target, draft_ctx)
-    return CombinedDrafter(_lookup(target, draft_ctx), mtp, kind="lookup+mtp") if mtp else _lookup(target, draft_ctx)
-
-
-def _eagle3(target, draft_ctx):
-    return Eagle3Drafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
-
-
-def _dflash(target, draft_ctx):
-    return DFlashDrafter(draft_ctx, target.n_vocab) if draft_ctx is not None else None
-
-
-# drafter kind -> builder(target model, draft context or None) -> Drafter or None (nothing to draft with);
-# mtp takes the target's MTP head context (backend.mtp.MTPContext), eagle3 / dflash the context of such a draft,
-# bound to the target's (backend.hidden.HiddenDraftContext)
-DRAFTERS: dict[str, Callable] = {
-    "model": _model,
-    "lookup": _lookup,
-    "lookup+model": _lookup_model,
-    "mtp": _mtp,
-    "lookup+mtp": _lookup_mtp,
-    "eagle3": _eagle3,
-    "dflash": _dflash,
-}
-assert tuple(DRAFTERS) == DRAFTER_KINDS
-
-
 def make_drafter(kind: str, target, draft_ctx=None) -> Drafter | None:
-    """The drafter of `kind` for `target` (a backend Model) and the draft model's context, if there is one (for the
-    MTP kinds: the backend MTPContext of the target's head)."""
-    if kind not in DRAFTERS:
-        raise InvalidParameterError(f"drafter must be one of {', '.join(DRAFTERS)}, got {kind!r}", param="drafter")
-    return DRAFTERS[kind](target, draft_ctx)
+    """The drafter of `kind` (its descriptor in kinds.py) for `target` (a backend Model) and the context its source
+    drafts with: a draft model's, the target's MTP head's (backend.mtp.MTPContext), or an EAGLE-3 / DFlash draft's
+    bound to the target's (backend.hidden.HiddenDraftContext). None: nothing to draft with."""
+    desc = drafter_kind(kind)
+    module, name = desc.drafter.split(":")
+    cls = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if desc.parts:   # a combination: the first part tried first, the rest where it finds nothing
+        parts = [d for d in (make_drafter(part, target, draft_ctx) for part in desc.parts) if d is not None]
+        return cls(*parts, kind=kind) if len(parts) == len(desc.parts) else (parts[0] if parts else None)
+    if desc.source == "prompt":
+        return cls(n_vocab=target.n_vocab)
+    return cls(draft_ctx, target.n_vocab) if draft_ctx is not None else None
 
 
-__all__ = ["Draft", "Drafter", "Sampling", "DRAFTERS", "make_drafter", "common_prefix_len", "ModelDrafter",
+__all__ = ["Draft", "Drafter", "make_drafter", "common_prefix_len", "ModelDrafter",
            "PromptLookupDrafter", "CombinedDrafter", "MTPDrafter", "Eagle3Drafter", "DFlashDrafter"]

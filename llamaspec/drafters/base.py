@@ -6,17 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampling import SamplerConfig
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling mode of a generation: the filter settings and the random stream (greedy has none). `device`: every
-    context filters on the device (llama.cpp's sampler chains, Context.eval_dists), draft and target alike."""
-
-    config: SamplerConfig
-    rng: np.random.Generator
-    device: bool = False
+from ..kinds import KINDS
+from ..sampling import Sampling
 
 
 @dataclass
@@ -36,11 +27,15 @@ NO_DRAFT = Draft([])
 class Drafter(abc.ABC):
     """One source of draft tokens. Per generation: `begin`, then per step `propose` and `accepted`."""
 
-    kind = "base"            # its name in config.DRAFTER_KINDS
+    kind = "base"            # its name in kinds.KINDS
     contexts: tuple = ()     # llama.cpp contexts it owns (their decode time counts as the engine's)
-    # how drafting time grows with the draft length: "per_token" (one pass per token, a draft model) or
-    # "per_pass" (the whole draft in one pass, DFlash: c(n) is nearly flat in n)
-    draft_cost = "per_token"
+
+    @property
+    def draft_cost(self) -> str:
+        """How drafting time grows with the draft length, as its kind's descriptor says: "per_token" (one pass per
+        token, a draft model) or "per_pass" (the whole draft in one pass, DFlash: c(n) is nearly flat in n)."""
+        kind = KINDS.get(self.kind)
+        return kind.draft_cost if kind is not None else "per_token"
 
     def begin(self, history: list[int], sampling: Sampling | None, p_min: float, prefill: bool) -> None:
         """A generation starts after `history` (already in the target's cache). `prefill`: catch up now, the

@@ -10,8 +10,8 @@ is a point mass on each drafted token, as for prompt lookup. The rejection rule 
 kept with probability min(1, p(x) / 1) = p(x), otherwise the next token is drawn from normalize(max(0, p - q)),
 which is p without x: together exactly p.
 
-Cost: the whole block is one draft pass (`draft_cost = "per_pass"`): drafting n tokens costs about as much as
-drafting one, unlike a draft model's n sequential passes.
+Cost: the whole block is one draft pass (its descriptor in kinds.py says "per_pass"): drafting n tokens costs
+about as much as drafting one, unlike a draft model's n sequential passes.
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from .features import HiddenStateDrafter
 
 class DFlashDrafter(HiddenStateDrafter):
     kind = "dflash"
-    draft_cost = "per_pass"
 
     def __init__(self, ctx, n_vocab_target: int):
         super().__init__(ctx, n_vocab_target)

@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from .base import Drafter, ProbsBuffer, Sampling
+from ..sampling import Sampling
+from .base import Drafter, ProbsBuffer
 
 
 class HiddenStateDrafter(Drafter):

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from ..sampling import filter_logits, max_prob, sample
-from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
+from ..sampling import Sampling, filter_logits, max_prob, sample
+from .base import Draft, Drafter, ProbsBuffer, common_prefix_len
 
 
 class ModelDrafter(Drafter):

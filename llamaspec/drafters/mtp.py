@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import filter_logits, max_prob, sample
-from .base import Draft, Drafter, ProbsBuffer, Sampling, common_prefix_len
+from ..sampling import Sampling, filter_logits, max_prob, sample
+from .base import Draft, Drafter, ProbsBuffer, common_prefix_len
 
 RING_ROWS = 1024
 BEHIND_MAX = 16     # positions the head may lag behind the target before _follow catches up

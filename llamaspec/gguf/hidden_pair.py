@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import IncompatiblePairError
+from ..kinds import HIDDEN_DRAFT_ARCHS
 from .reader import ModelInfo
 
-HIDDEN_DRAFT_ARCHS = ("eagle3", "dflash")   # == the drafter kinds that use them
 
 # Target archs whose graph records every layer's input (`res->t_layer_inp[il]` in src/models/*.cpp). Checked with
 # the test-llama-archs models: each of these decodes with a tap on every layer; the other archs that tool writes
@@ -85,7 +85,7 @@ def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
 
 def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     """Why an EAGLE-3/DFlash draft cannot run with this target (None: it can). The vocabulary rule
-    (reader.pair_mismatch) is checked separately."""
+    (compat.pair_mismatch) is checked separately."""
     info = hidden_draft_info(draft)
     if info is None:
         return None

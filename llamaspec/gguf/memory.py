@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..config import CACHE_TYPES
+from ..config import CACHE_TYPES, ModelConfig
 from ..errors import InvalidParameterError
 from .reader import ModelInfo
 from .recurrent import kv_layers, recurrent_state_bytes, rollback_kind
@@ -45,18 +45,28 @@ def kv_bytes_per_element(kv_type: str) -> float:
     return type_size / block_size
 
 
+_LOADED = ModelConfig()   # load_pair's defaults
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the estimate depends on besides the model: the context options of both models."""
 
-    n_ctx: int = 4096
-    n_ubatch: int = 512
-    type_k: str = "f16"
-    type_v: str = "f16"
+    n_ctx: int = _LOADED.n_ctx
+    n_ubatch: int = _LOADED.n_batch
+    type_k: str = _LOADED.cache_type_k
+    type_v: str = _LOADED.cache_type_v
     flash_attn: bool = True     # llama.cpp's "auto" turns it on wherever it is supported
     speculative: bool = False   # a draft runs with the target: rollback snapshots and checkpoints are kept
     n_rs_seq: int = 0           # the target's recurrent-state snapshots (archs with bounded rollback)
-    n_checkpoints: int = 4      # turn checkpoints of a recurrent state (host memory)
+    n_checkpoints: int = _LOADED.n_checkpoints   # turn checkpoints of a recurrent state (host memory)
+
+    @classmethod
+    def of(cls, config: ModelConfig, speculative: bool = False, n_rs_seq: int = 0) -> "Settings":
+        """What loading a model with `config` would hold."""
+        return cls(n_ctx=config.n_ctx, n_ubatch=config.n_batch, type_k=config.cache_type_k,
+                   type_v=config.cache_type_v, flash_attn=config.flash_attn != "off", speculative=speculative,
+                   n_rs_seq=n_rs_seq, n_checkpoints=config.n_checkpoints)
 
 
 def kv_heads_per_layer(info: ModelInfo) -> list[int]:

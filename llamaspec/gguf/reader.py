@@ -13,21 +13,18 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..errors import IncompatiblePairError, ModelFileError
+from ..errors import ModelFileError
+from .info import ModelInfo, TensorInfo
 from .limits import header_problem
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
-# llama.cpp's common_speculative_are_compatible: token text is compared from this id up.
-VOCAB_CHECK_START_ID = 5
-VOCAB_MAX_SIZE_DIFFERENCE = 128
 
 _SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
@@ -42,7 +39,6 @@ _NUMPY_DTYPES = {
 }
 # ggml types newer than the gguf package's table: (block elements, block bytes).
 _EXTRA_TYPE_SIZES = {42: (64, 18)}  # Q2_0
-_EXTRA_TYPE_NAMES = {42: "Q2_0"}
 # gguf.cpp's limits: GGML_MAX_DIMS dimensions, names shorter than GGML_MAX_NAME bytes, int64 element counts.
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64
@@ -50,131 +46,6 @@ INT64_MAX = 2**63 - 1
 # Large arrays nobody here needs as Python objects: skipped, only their length is kept.
 MAX_HEADER_ITEM = 1 << 32   # bytes or elements: a header string or array beyond 4 GiB is a corrupt length
 _SKIPPED_ARRAYS = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]
-    ggml_type: int
-    offset: int
-    n_bytes: int
-
-    @property
-    def type_name(self) -> str:
-        try:
-            return GGMLQuantizationType(self.ggml_type).name
-        except ValueError:
-            return _EXTRA_TYPE_NAMES.get(self.ggml_type, f"type{self.ggml_type}")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The header of one GGUF file."""
-
-    path: Path
-    file_size: int
-    version: int
-    metadata: dict  # key -> scalar, string, or (for arrays) a list / numpy array / ("skipped", length)
-    tensors: tuple[TensorInfo, ...]
-    tokens: tuple[bytes, ...] = field(repr=False)
-    data_offset: int = 0
-
-    # -- convenience views over the metadata ---------------------------------------------------------------------
-    def get(self, key: str, default=None):
-        return self.metadata.get(key, default)
-
-    def arch_get(self, suffix: str, default=None):
-        return self.metadata.get(f"{self.arch}.{suffix}", default)
-
-    @property
-    def arch(self) -> str:
-        return self.metadata.get("general.architecture", "unknown")
-
-    @property
-    def name(self) -> str:
-        return self.metadata.get("general.name") or self.path.name
-
-    @property
-    def n_layer(self) -> int:
-        return int(self.arch_get("block_count", 0))
-
-    @property
-    def n_layer_nextn(self) -> int:
-        """Multi-token-prediction (nextn) blocks at the end of the file's blocks (counted in n_layer)."""
-        return int(self.arch_get("nextn_predict_layers", 0) or 0)
-
-    @property
-    def n_ctx_train(self) -> int:
-        return int(self.arch_get("context_length", 0))
-
-    @property
-    def n_embd(self) -> int:
-        return int(self.arch_get("embedding_length", 0))
-
-    @property
-    def n_head(self) -> int:
-        return _first_int(self.arch_get("attention.head_count", 0))
-
-    @property
-    def n_head_kv(self) -> int:
-        return _first_int(self.arch_get("attention.head_count_kv", self.n_head)) or self.n_head
-
-    @property
-    def head_dim_k(self) -> int:
-        return int(self.arch_get("attention.key_length", 0)) or (self.n_embd // max(self.n_head, 1))
-
-    @property
-    def head_dim_v(self) -> int:
-        return int(self.arch_get("attention.value_length", 0)) or (self.n_embd // max(self.n_head, 1))
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def vocab_model(self) -> str | None:
-        return self.metadata.get("tokenizer.ggml.model")
-
-    @property
-    def vocab_pre(self) -> str | None:
-        return self.metadata.get("tokenizer.ggml.pre")
-
-    @property
-    def bos_id(self) -> int | None:
-        return self.metadata.get("tokenizer.ggml.bos_token_id")
-
-    @property
-    def eos_id(self) -> int | None:
-        return self.metadata.get("tokenizer.ggml.eos_token_id")
-
-    @property
-    def add_bos(self) -> bool | None:
-        return self.metadata.get("tokenizer.ggml.add_bos_token")
-
-    @property
-    def add_eos(self) -> bool | None:
-        return self.metadata.get("tokenizer.ggml.add_eos_token")
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.metadata.get("tokenizer.chat_template")
-
-    @property
-    def weights_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors)
-
-    @property
-    def is_recurrent(self) -> bool:
-        # Mamba / RWKV style models carry an ssm or wkv block; llama.cpp decides precisely at load time.
-        return any(k.startswith(f"{self.arch}.ssm.") or k.startswith(f"{self.arch}.wkv.") for k in self.metadata)
-
-
-def _first_int(value) -> int:
-    """Per-layer arrays (e.g. head_count_kv on some models) collapse to their first element."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return int(value[0]) if len(value) else 0
-    return int(value)
 
 
 class HeaderIncomplete(ModelFileError):
@@ -426,42 +297,3 @@ def _parse(mm, path: Path, file_size: int, keep_all: bool) -> ModelInfo:
     if problem is not None:
         raise ModelFileError(f"{path}: {problem}; the file is damaged or was not made for llama.cpp")
     return info
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Pair compatibility (llama.cpp's rule, plus the pre-tokenizer)
-# ---------------------------------------------------------------------------------------------------------------
-
-def pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
-    """The first reason the draft cannot speculate for the target, or None when they are compatible."""
-    for label, key in (("vocabulary type", "tokenizer.ggml.model"), ("pre-tokenizer", "tokenizer.ggml.pre"),
-                       ("add-BOS flag", "tokenizer.ggml.add_bos_token"),
-                       ("add-EOS flag", "tokenizer.ggml.add_eos_token")):
-        t, d = target.get(key), draft.get(key)
-        if t != d:
-            return f"{label} ({key}) differs: target {t!r}, draft {d!r}"
-    if target.add_bos and target.bos_id != draft.bos_id:
-        return f"BOS token id differs: target {target.bos_id}, draft {draft.bos_id}"
-    if target.eos_id != draft.eos_id:
-        return f"EOS token id differs: target {target.eos_id}, draft {draft.eos_id}"
-    if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
-        return (f"vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE}: "
-                f"target {target.n_vocab}, draft {draft.n_vocab}")
-    n = min(target.n_vocab, draft.n_vocab)
-    if target.tokens[VOCAB_CHECK_START_ID:n] != draft.tokens[VOCAB_CHECK_START_ID:n]:
-        for i in range(VOCAB_CHECK_START_ID, n):
-            if target.tokens[i] != draft.tokens[i]:
-                t = target.tokens[i].decode("utf-8", errors="replace")
-                d = draft.tokens[i].decode("utf-8", errors="replace")
-                return f"token {i} differs: target {t!r}, draft {d!r}"
-    return None
-
-
-def check_pair(target: ModelInfo, draft: ModelInfo) -> None:
-    """Raise IncompatiblePairError naming both files and the first mismatch."""
-    reason = pair_mismatch(target, draft)
-    if reason is not None:
-        raise IncompatiblePairError(
-            f"draft {draft.path} cannot speculate for target {target.path}: {reason}. "
-            "Target and draft must share one tokenizer (e.g. the same model family)."
-        )

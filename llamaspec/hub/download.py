@@ -77,7 +77,8 @@ def fetch(ref: ModelRef) -> Path:
 
 def pull(entry: PairEntry) -> tuple[Path, ...]:
     """Download the files of a pair (if needed), check their GGUF headers and that they share one tokenizer."""
-    from ..gguf.reader import check_pair, read_model_info
+    from ..gguf.compat import check_pair
+    from ..gguf.reader import read_model_info
 
     paths = tuple(fetch(ref) for ref in entry.models)
     infos = [read_model_info(p) for p in paths]

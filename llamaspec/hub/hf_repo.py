@@ -17,13 +17,14 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import RegistryError
+from ..kinds import KINDS
 from .download import _hub_errors, hf_cache_dir, hub_endpoint, hub_offline
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
 # drafter kind -> the file name part that marks its sidecar in a repo, in llama.cpp's order of preference when the
 # kind is not asked for (dspark- is llama.cpp's too; llamaspec has no DSpark drafter)
-SIDECAR_PREFIXES = {"mtp": "mtp-", "dflash": "dflash-", "eagle3": "eagle3-"}
-_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+SIDECAR_PREFIXES = {kind: KINDS[kind].sidecar for kind in ("mtp", "dflash", "eagle3")}
+_NOT_MODELS = ("mmproj", "imatrix", *SIDECAR_PREFIXES.values(), "dspark-")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

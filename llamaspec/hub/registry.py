@@ -21,8 +21,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from ..config import CACHE_TYPES, DRAFTER_KINDS, POLICY_NAMES
+from ..config import CACHE_TYPES, DRAFTER_KINDS, POLICY_NAMES, DraftSettings, ModelConfig
 from ..errors import RegistryError
+from ..kinds import NO_DRAFT_FILE
 # the download side, also reachable from here (registry.pull, registry.hf_cache_dir, ...)
 from .download import (HUB_URL, _existing_local, cached_path, downloaded, fetch, hf_cache_dir,  # noqa: F401
                        hub_endpoint, hub_offline, pull, remove)
@@ -58,8 +59,6 @@ _MODEL_FIELDS = {
     "size_gb": ((int, float), "a number"),
 }
 _ROLES = ("target", "draft")
-# drafters that need no draft model: a pair of one of them may leave `draft` out (e.g. a target with its MTP head)
-_NO_DRAFT_MODEL = ("lookup", "mtp", "lookup+mtp")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,13 +107,14 @@ class PairEntry:
     draft: ModelRef | None = None
     note: str = ""
     vram_gb: float = 0
-    n_gpu_layers: int = -1
+    # load_pair's defaults where the entry says nothing
+    n_gpu_layers: int = ModelConfig.n_gpu_layers
     draft_n_gpu_layers: int | None = None
-    n_ctx: int = 4096
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    draft_max: int | None = None
-    policy: str = "auto"
+    n_ctx: int = ModelConfig.n_ctx
+    cache_type_k: str = ModelConfig.cache_type_k
+    cache_type_v: str = ModelConfig.cache_type_v
+    draft_max: int | None = DraftSettings.k
+    policy: str = DraftSettings.policy
     drafter: str | None = None   # one of DRAFTER_KINDS; None: load_pair's default (a draft model)
     verified: bool = False
     default_for_vram: bool = False   # offered when no model is given, on a GPU with about vram_gb free
@@ -253,7 +253,7 @@ def _parse_pair(name: str, table, path: Path, text: str) -> PairEntry:
             fields[key] = _typed(where, key, value, _PAIR_FIELDS[key])
         elif key not in {*_ROLES, "target_path", "draft_path"}:
             raise RegistryError(f"{where}: {_unknown_key_message(key, value, name)}")
-    optional = ("draft",) if fields.get("drafter") in _NO_DRAFT_MODEL else ()
+    optional = ("draft",) if fields.get("drafter") in NO_DRAFT_FILE else ()   # e.g. a target with its MTP head
     refs = {role: _parse_model(where, role, table, path.parent, role in optional) for role in _ROLES}
     entry = PairEntry(name=name, **refs, **fields, source=str(path))
     _check_values(where, entry)

@@ -7,8 +7,10 @@ formats.py     OpenAI's error, completion and chunk objects, usage, server-sent 
 guard.py       Host / Origin checks, CORS, request counting (ASGI middleware)
 metrics.py     Prometheus metrics through prometheus_client
 openapi.py     the OpenAPI description served at /openapi.json
-app.py         the Starlette app: Service and routes, bind(), serve() on uvicorn
+app.py         the Starlette app: Service and routes
+run.py         bind(), serve() on uvicorn
 """
-from .app import ServerConfig, bind, create_app, serve
+from .app import ServerConfig, create_app
+from .run import bind, serve
 
 __all__ = ["ServerConfig", "bind", "create_app", "serve"]

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,8 +28,9 @@ from starlette.routing import Route
 
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError, LlamaspecError
-from ..policy import make_policy
-from .formats import APIError, EventStream, Gone, ResponseFormat, error_for, invalid, next_event, wait_disconnect
+from ..policy import policy_for
+from .apierror import APIError, invalid
+from .formats import EventStream, Gone, ResponseFormat, error_for, next_event, wait_disconnect
 from .guard import CountRequests, Guard, cors_options
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .openapi import openapi_description
@@ -46,7 +46,6 @@ class ServerConfig:
     admin_key: str | None = None      # None: the api key guards admin routes too; neither: admin is off
     max_queue: int = 16               # requests allowed to wait while one generates
     max_body_bytes: int = 4 << 20
-    policy_settings: dict = field(default_factory=dict)  # policy, draft_max, draft_min, draft_p_min at start
     read_timeout: float = 30.0        # seconds for a request's headers, and again for its body
     bound_host: str = "127.0.0.1"     # the --host, accepted in Host headers along with IPs and localhost names
     allowed_hosts: tuple[str, ...] = ()   # more Host names ('*': any)
@@ -54,7 +53,7 @@ class ServerConfig:
 
 
 _POLICY_PARAMS = {"policy": "policy", "k": "draft_max", "k_max": "draft_max", "k_min": "draft_min",
-                  "p_min": "draft_p_min"}  # make_policy's names -> the admin API's
+                  "p_min": "draft_p_min", "draft_max": "draft_max", "draft_min": "draft_min"}   # -> the admin API's
 
 
 class _ClientGone(Exception):
@@ -74,7 +73,6 @@ class Service:
             self.template, self.template_error = None, str(e)
         self.metrics = ServerMetrics(self._draft_state, lambda: self.worker.depth)
         self.worker = Worker(pair, self.metrics, config.max_queue, self.template)
-        self.policy_settings = dict(config.policy_settings)
         self.stopping = False
 
     def _draft_state(self) -> dict[str, float]:
@@ -206,7 +204,7 @@ class Service:
 
     def policy_view(self) -> dict:
         return {"policy": self.pair.policy.describe() if self.pair.speculative else None,
-                "settings": self.policy_settings}
+                "settings": self.pair.config.drafting.named()}
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
@@ -243,15 +241,15 @@ class Service:
         if not self.pair.speculative:
             raise APIError(400, "this server runs without a drafter: there is no draft policy to change",
                            code="no_drafter")
-        n_batch = self.pair.target_ctx.n_batch
-        settings = parse_policy_update(body, self.policy_settings, n_batch)
+        # the pair's settings as loaded (a --pair entry's draft_max too), changed by what the body gives
+        drafting, n_batch = self.pair.config.drafting, self.pair.target_ctx.n_batch
         try:
-            policy = make_policy(settings.get("policy") or "auto", k=settings.get("draft_max"),
-                                 k_min=settings.get("draft_min"), p_min=settings.get("draft_p_min"), n_batch=n_batch)
+            drafting = drafting.with_named(**parse_policy_update(body, drafting.named(), n_batch))
+            policy = policy_for(drafting, n_batch)
         except InvalidParameterError as e:
             raise invalid(_POLICY_PARAMS.get(e.param, e.param), str(e))
         await asyncio.wrap_future(self.worker.set_policy(policy))
-        self.policy_settings = settings
+        self.pair.config = dataclasses.replace(self.pair.config, drafting=drafting)
         return JSONResponse(self.policy_view())
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -329,104 +327,3 @@ def create_app(pair, config: ServerConfig) -> Starlette:
     app.add_middleware(CountRequests, metrics=service.metrics)
     app.state.service = service
     return app
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Running it
-# ---------------------------------------------------------------------------------------------------------------
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port); binding first lets the caller print the real port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets that do, and with Nagle on a
-    # keep-alive client waits ~40 ms (a delayed ACK) for every response body
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _protocol_with_header_timeout(timeout: float):
-    """uvicorn's HTTP/1.1 protocol, closing a connection whose request has not fully arrived `timeout` seconds
-    after it opened (or after the previous answer) while nothing is being answered. uvicorn has no such limit:
-    a client sending nothing, or one byte a minute, would hold its socket forever. The body's own deadline is
-    read_json's (408)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class Protocol(H11Protocol):
-        _deadline = None
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(timeout, self._expire)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _expire(self) -> None:
-            answering = self.cycle is not None and not self.cycle.response_complete
-            if not answering and self.conn.their_state in (h11.IDLE, h11.SEND_BODY) \
-                    and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return Protocol
-
-
-def serve(app: Starlette, sock: socket.socket, shutdown_timeout: float = 10.0, access_log: bool = False,
-          on_ready: Callable[[], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests get `shutdown_timeout` seconds to finish, then are cancelled
-    (streams end with a finish chunk and [DONE]). Returns normally after a signal (the caller exits 0).
-    `on_ready` runs once requests are being accepted and the signal handlers are in place."""
-    import signal
-
-    import uvicorn
-
-    service: Service = app.state.service
-
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets=None):
-            await super().startup(sockets)
-            if on_ready is not None and not self.should_exit:
-                on_ready()
-
-        signals = 0
-
-        def handle_exit(self, sig, frame):
-            # the first signal stops taking requests, the second cuts the running one (its client still gets a
-            # final chunk or an error); only a third is uvicorn's force quit, which drops open answers
-            service.begin_shutdown(shutdown_timeout)
-            self.signals += 1
-            if self.signals <= 2:
-                self.should_exit = True
-            else:
-                super().handle_exit(sig, frame)
-
-    # uvicorn's own deadline is only a backstop: our cancellation ends requests cleanly before it
-    config = uvicorn.Config(app, log_level="info" if access_log else "warning", access_log=access_log,
-                            timeout_graceful_shutdown=shutdown_timeout + 5.0, lifespan="on",
-                            http=_protocol_with_header_timeout(service.config.read_timeout))
-    # uvicorn re-raises the signal that stopped it once it has shut down, through the handlers it found: make
-    # those no-ops so that a signal ends the process normally.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    _Server(config).run(sockets=[sock])

@@ -12,35 +12,16 @@ import time
 import uuid
 from typing import Callable
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from ..chat_template import ChatTemplateError
 from ..errors import Cancelled, ContextOverflowError, InvalidParameterError, LlamaspecError
+from .apierror import APIError
 from .timings import timings
 from .tools import ToolStream, parse_tool_calls
 
 # "cancelled": the reply was cut (the server is stopping); not OpenAI's, which has no word for it
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "cancelled"}
-
-
-class APIError(Exception):
-    """An HTTP error answered with OpenAI's error JSON."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def invalid(param: str | None, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 def error_for(exc: BaseException, prompt_field: str) -> APIError:

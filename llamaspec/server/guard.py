@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from .formats import APIError
+from .apierror import APIError
 from .metrics import ServerMetrics
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/admin/config",

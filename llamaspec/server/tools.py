@@ -20,11 +20,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-
-def invalid(param: str, message: str):
-    from .formats import invalid as api_invalid   # formats imports this module for its parsers
-
-    return api_invalid(param, message)
+from .apierror import invalid
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

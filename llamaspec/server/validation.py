@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
 from ..sampling import OPENAI, SAMPLER_ORDERS
-from .formats import invalid
+from .apierror import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
 
 MAX_MESSAGES = 2048   # OpenAI's own limit; also bounds the chat template's work

@@ -20,7 +20,7 @@ from ..chat_template import ChatTemplate
 from ..errors import Cancelled, InvalidParameterError, LlamaspecError
 from ..interrupt import cancel_when
 from ..shaping import Penalties, Shaping
-from .formats import APIError
+from .apierror import APIError
 from .metrics import ServerMetrics
 from ..reasoning import ThinkSplitter, opens_thinking
 from .prompt import PromptTokenizer, chat_segments

@@ -1,0 +1,459 @@
+"""Engine benchmark: plain decoding, every draft policy, and the llama.cpp peers users run, on the same prompts and
+files in one run. Prints a markdown report (also written to --out) with ratios against llamaspec's plain decoding
+and against the peers, and the exact command of every peer row.
+
+    python benchmarks/compare/bench_engine.py --target T.gguf --draft D.gguf --tools DIR [--ik-tools DIR] [--k 3,5]
+    python benchmarks/compare/bench_engine.py --target T-with-MTP.gguf --drafter mtp --tools DIR ...
+
+Peers (--peers; one that cannot run the case gets a row saying why): llama-speculative-simple and llama-server
+from --tools (benchmarks/build-llama-tools.sh), ik_llama.cpp's llama-server from --ik-tools. Each runs with its
+own default flags plus what the case needs (model, draft, draft length, -ngl, -c, prompt, token count, sampling
+regime): no sampler chain, threads or seed added for the comparison (benchmarks/compare/peers.py builds the commands).
+llama-server runs on 127.0.0.1, one server per draft length, one request at a time, its `timings` per response.
+
+Regimes (--regimes, all three by default; both engines sample the same distribution in each):
+greedy (T=0); filters: llama.cpp's defaults at --temp (top-k 40, top-p 0.95, min-p 0.05 on the untempered
+distribution, temperature last; llamaspec with sampler_order="llama.cpp"); temp: temperature only (the peers get
+--top-k 0 --top-p 1 --min-p 0). Each llamaspec mode runs every prompt once after one warm-up generation; the pair
+is closed before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With
+--drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP
+drafting on the same file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    from . import peers   # imported as benchmarks.compare.bench_engine (the tests)
+except ImportError:
+    import peers          # run as a script: its folder is on sys.path
+from llamaspec import load_pair  # noqa: E402
+from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
+from llamaspec.bench import auto_state  # noqa: E402
+from llamaspec.policy import AutoPolicy, make_policy  # noqa: E402
+
+CODE = [
+    "def quicksort(arr):",
+    "# Python: parse a CSV file and print the mean of the 'price' column\nimport csv\n",
+    "function debounce(fn, wait) {",
+    "class LRUCache:\n    def __init__(self, capacity):",
+]
+PROSE = [
+    "The history of the printing press begins",
+    "Here are five tips for writing clear documentation:\n1.",
+    "The main differences between TCP and UDP are",
+    "Photosynthesis is the process by which",
+]
+
+
+@dataclass
+class Row:
+    mode: str
+    temperature: float
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+    overhead: list = field(default_factory=list)   # Python overhead fraction per request
+    step_overhead_ms: list = field(default_factory=list)
+    draft_seconds: float = 0.0     # time drafting (the cost ratio c = draft time per token / plain's time per pass)
+    verify_seconds: float = 0.0    # time verifying (v(k+1) = verify time per pass / plain's)
+    rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
+    shadow_probes: int = 0         # auto's probes that drafted one token without verifying it
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def hardware() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = "GPU offload available" if supports_gpu_offload() else "CPU-only build"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            gpu = out.stdout.strip().replace("\n", "; ")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
+
+
+def run_mode(pair, mode: str, prompts, n_tokens: int, regime: peers.Regime, seed: int = 0) -> Row:
+    row = Row(mode, regime.temperature)
+    for i, prompt in enumerate(prompts):
+        pair.reset()
+        c = pair.generate(prompt, max_tokens=n_tokens, seed=seed + i, **regime.llamaspec_kwargs())
+        s = c.stats
+        row.tokens += s.tokens_generated
+        row.seconds += s.decode_time
+        row.drafted += s.drafted
+        row.accepted += s.accepted
+        row.passes += s.target_passes
+        row.draft_seconds += s.time_draft
+        row.verify_seconds += s.time_verify
+        row.overhead.append(s.python_overhead)
+        row.shadow_probes += getattr(s, "shadow_probes", 0)
+        if s.target_passes:
+            row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
+            row.rollback_ms.append(1000 * s.time_rollback / s.target_passes)
+    return row
+
+
+def record_steps(policy) -> list[str]:
+    """The draft length of every step a policy learns from, one character each (10-35 as a-z)."""
+    steps: list[str] = []
+    update, shadow, new_request = policy.update, policy.shadow, policy.new_request
+
+    def on_update(drafted, *rest):
+        steps.append("0123456789abcdefghijklmnopqrstuvwxyz"[min(drafted, 35)])
+        update(drafted, *rest)
+
+    def on_shadow(accepted, seconds):
+        steps.append("s" if accepted >= 0.5 else "x")
+        shadow(accepted, seconds)
+
+    def on_new_request():
+        steps.append("|")
+        new_request()
+
+    policy.update, policy.shadow, policy.new_request = on_update, on_shadow, on_new_request
+    return steps
+
+
+PEER_LABELS = {"speculative-simple": "llama-speculative-simple", "llama-server": "llama-server",
+               "ik": "ik_llama.cpp llama-server"}
+
+
+def peer_binary(a, name: str, case: peers.Case) -> tuple[Path | None, str]:
+    """The peer's binary, or why it cannot run this case."""
+    folder, flag = (a.ik_tools, "--ik-tools") if name == "ik" else (a.tools, "--tools")
+    if folder is None:
+        return None, f"no {flag} folder given"
+    exe = folder / ("llama-speculative-simple" if name == "speculative-simple" else "llama-server")
+    if not exe.is_file():
+        return None, f"{exe} not found"
+    if name == "ik" and case.spec_type not in peers.IK_STAGES:
+        return None, f"ik_llama.cpp has no {case.spec_type} drafting"
+    return exe, ""
+
+
+def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_tokens: int) -> list:
+    """llama-speculative-simple, one process per prompt (its own decode timing, load excluded)."""
+    out = []
+    for regime in regimes:
+        res = peers.PeerResult(PEER_LABELS["speculative-simple"], k, regime.name, skipped=why)
+        out.append(res)
+        for prompt in prompts if exe is not None else []:
+            cmd = peers.speculative_simple_cmd(exe, case, k, regime, prompt, n_tokens)
+            res.cmd = res.cmd or peers.shown(cmd)
+            try:
+                run = peers.run_speculative_simple(cmd)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                res.skipped = f"failed: {e}"
+                break
+            res.add(run["tokens"], run["seconds"], run["drafted"], run["accepted"])
+        print(f"done: {regime.name} {res.peer} k={k}: {res.tps:.2f} tok/s {res.skipped}", file=sys.stderr)
+    return out
+
+
+def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_tokens: int, timeout: float) -> list:
+    """A llama-server (llama.cpp's or ik_llama.cpp's) started once for this k: one warm-up request, then every
+    regime's prompts one request at a time; tokens and seconds from each response's timings."""
+    label = PEER_LABELS[name]
+    results = {r.name: peers.PeerResult(label, k, r.name, skipped=why) for r in regimes}
+    if exe is None:
+        return list(results.values())
+    port = peers.free_port()
+    cmd = (peers.ik_server_cmd if name == "ik" else peers.server_cmd)(exe, case, k, port)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, \
+                peers.PeerServer(cmd, port, Path(tmp) / "server.log", timeout, timeout) as server:
+            server.complete(peers.request_body(regimes[0], "warm up", 16))
+            for regime in regimes:
+                res = results[regime.name]
+                body = peers.request_body(regime, prompts[0], n_tokens)
+                res.cmd = f"{peers.shown(cmd)} ; POST /completion {json.dumps(body)}"
+                for prompt in prompts:
+                    try:
+                        run = server.complete(peers.request_body(regime, prompt, n_tokens))
+                    except (RuntimeError, OSError) as e:
+                        res.skipped = f"failed: {e}"
+                        break
+                    res.add(run["tokens"], run["seconds"], run["drafted"], run["accepted"])
+                print(f"done: {regime.name} {label} k={k}: {res.tps:.2f} tok/s {res.skipped}", file=sys.stderr)
+    except (RuntimeError, OSError) as e:   # the server did not start (or died): every regime says why
+        for res in results.values():
+            if not res.tokens:
+                res.cmd = res.cmd or peers.shown(cmd)
+                res.skipped = res.skipped or f"failed: {e}"
+    return list(results.values())
+
+
+def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) -> dict:
+    """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}."""
+    out = {}
+    for regime in regimes:
+        rows, states = [], []
+        runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
+        for mode, k in runs:
+            name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
+            p_min = float(p_min) if p_min else None
+            policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
+            label = f"fixed k={k}" if name == "fixed" else mode
+            steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
+            pair.set_policy(policy)
+            rows.append(run_mode(pair, label, prompts, a.tokens, regime))
+            if steps is not None:   # what it measured explains what it chose
+                states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
+                              f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
+                              f"accepted/rejected, | a new request): `{''.join(steps)}`")
+            print(f"done: {regime.name} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
+        where = "" if regime.greedy else \
+            f"; llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
+        out[regime.name] = (rows, states, where)
+    return out
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def regime_section(regime, rows: list, states: list, where: str, results: list) -> list[str]:
+    """One regime: every llamaspec mode and peer row with its ratios, then the same draft lengths side by side."""
+    plain = next(r for r in rows if r.mode == "plain")
+    ran = [r for r in results if not r.skipped]
+    best_peer = max(ran, key=lambda r: r.tps, default=None)
+    lines = [f"## {regime.describe()}{where}", "",
+             "| engine / mode | tok/s | vs llamaspec plain | vs best peer | drafted | acceptance | tokens/pass | "
+             "Python overhead | per step | rollback per step | draft per token | verify per pass | command |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    peer_tps = best_peer.tps if best_peer else 0.0
+    for r in rows:
+        tpp = f"{r.tokens / r.passes:.2f}" if r.passes else "-"
+        ovh = f"{100 * sum(r.overhead) / len(r.overhead):.1f}%" if r.overhead else "-"
+        step = f"{sum(r.step_overhead_ms) / len(r.step_overhead_ms):.2f} ms" if r.step_overhead_ms else "-"
+        rollback = f"{sum(r.rollback_ms) / len(r.rollback_ms):.3f} ms" if r.rollback_ms else "-"
+        per_draft = f"{1000 * r.draft_seconds / r.drafted:.2f} ms" if r.drafted else "-"
+        per_pass = f"{1000 * r.verify_seconds / r.passes:.2f} ms" if r.passes else "-"
+        lines.append(f"| llamaspec {r.mode} | {r.tps:.2f} | {_ratio(r.tps, plain.tps)} | {_ratio(r.tps, peer_tps)} | "
+                     f"{r.drafted} | {100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} | {rollback} | {per_draft} | "
+                     f"{per_pass} | (top of the report) |")
+    for r in results:
+        command = f"`{r.cmd}`" if r.cmd else "-"
+        if r.skipped:
+            lines.append(f"| {r.peer} k={r.k} | not run: {r.skipped.replace('|', '/')} | - | - | - | - | - | - | - | "
+                         f"- | - | - | {command} |")
+            continue
+        acceptance = f"{100 * r.accepted / r.drafted:.1f}%" if r.drafted else "-"
+        lines.append(f"| {r.peer} k={r.k} | {r.tps:.2f} | {_ratio(r.tps, plain.tps)} | {_ratio(r.tps, peer_tps)} | "
+                     f"{r.drafted} | {acceptance} | - | - | - | - | - | - | {command} |")
+    lines += [""] + states + ([""] if states else [])
+    fixed = {int(r.mode.split("=")[1]): r for r in rows if r.mode.startswith("fixed k=")}
+    names = list(dict.fromkeys(r.peer for r in results))
+    if fixed and names:
+        lines += ["Same draft length (tok/s; llamaspec fixed k / the peer at k):", "",
+                  "| k | llamaspec fixed k | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]
+        for k, mine in sorted(fixed.items()):
+            cells = []
+            for name in names:
+                r = next((r for r in results if r.peer == name and r.k == k), None)
+                cells.append("-" if r is None else "not run" if r.skipped else
+                             f"{r.tps:.2f} (llamaspec {_ratio(mine.tps, r.tps)})")
+            lines.append(f"| {k} | {mine.tps:.2f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def summary(regimes, llamaspec: dict, results: list) -> list[str]:
+    """Per regime: llamaspec's plain and best mode against each peer's best draft length."""
+    names = list(dict.fromkeys(r.peer for r in results))
+    lines = ["## Best of each engine (tok/s; llamaspec best / the peer's best)", "",
+             "| regime | llamaspec plain | llamaspec best | " + " | ".join(names) + " |",
+             "|---" * (3 + len(names)) + "|"]
+    for regime in regimes:
+        rows = llamaspec[regime.name][0]
+        plain = next(r for r in rows if r.mode == "plain")
+        best = max(rows, key=lambda r: r.tps)
+        cells = []
+        for name in names:
+            ran = [r for r in results if r.peer == name and r.regime == regime.name and not r.skipped]
+            peer = max(ran, key=lambda r: r.tps, default=None)
+            why = next((r.skipped for r in results if r.peer == name and r.regime == regime.name), "")
+            cells.append(f"{peer.tps:.2f} (k={peer.k}; llamaspec {_ratio(best.tps, peer.tps)})" if peer
+                         else f"not run: {why.replace('|', '/')}")
+        lines.append(f"| {regime.name} | {plain.tps:.2f} | {best.tps:.2f} ({best.mode}; "
+                     f"{_ratio(best.tps, plain.tps)} plain) | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", help="draft GGUF (not with --drafter mtp)")
+    ap.add_argument("--drafter", default="model", choices=["model", "mtp", "lookup+mtp"],
+                    help="mtp: the target's own MTP head drafts; the peers run their MTP drafting (draft-mtp)")
+    ap.add_argument("--tools", type=Path, help="folder with llama.cpp's llama-speculative-simple and llama-server")
+    ap.add_argument("--ik-tools", type=Path, help="folder with ik_llama.cpp's llama-server (its build/bin)")
+    ap.add_argument("--peers", default="speculative-simple,llama-server,ik",
+                    help="peers to run (comma-separated): speculative-simple, llama-server, ik")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=default_threads(), help="llamaspec's threads (peers: their own)")
+    ap.add_argument("--no-repack", action="store_true", help="CPU only: turn off weight repacking (every engine)")
+    ap.add_argument("-ngl", type=int, default=-1, help="target layers on the GPU (-1 = all; peers: -ngl 99)")
+    ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
+                    help="llamaspec's (the peers keep their default: auto in llama.cpp, on in ik_llama.cpp)")
+    ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and the peers")
+    ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
+                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
+    ap.add_argument("--regimes", default="greedy,filters,temp",
+                    help="greedy; filters (llama.cpp's default top-k/top-p/min-p, temperature last); temp "
+                         "(temperature only)")
+    ap.add_argument("--temp", type=float, default=0.8, help="temperature of the sampled regimes")
+    ap.add_argument("--prompts", default="code,prose")
+    ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
+    ap.add_argument("--llama-extra", default="",
+                    help="flags added to every peer command (the report shows them); the peers run fastest "
+                         "without any")
+    ap.add_argument("--server-timeout", type=float, default=900,
+                    help="seconds a llama-server may take to load, and to answer one request")
+    ap.add_argument("--spec-type", default=None,
+                    help="the peers' --spec-type [default: from the draft: draft-eagle3 for an EAGLE-3 draft, "
+                         "draft-dflash for a DFlash one, else draft-simple; draft-mtp with --drafter mtp]")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    if (a.draft is None) == (a.drafter == "model"):
+        ap.error("give --draft with --drafter model (the default), and no --draft with the MTP drafters")
+    try:
+        regimes = peers.parse_regimes(a.regimes, a.temp)
+        ks = [int(k) for k in a.k.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
+    a.peers = [p.strip() for p in a.peers.split(",") if p.strip()]
+    if any(p not in PEER_LABELS for p in a.peers):
+        ap.error(f"--peers: choose from {', '.join(PEER_LABELS)}")
+    modes = a.modes.split(",")
+    for mode in modes:
+        if mode.partition(":p=")[2]:
+            try:
+                float(mode.partition(":p=")[2])
+            except ValueError:
+                ap.error(f"--modes: {mode!r}: p= needs a number")
+    if "plain" not in modes:
+        modes.insert(0, "plain")   # every ratio is against it
+
+    prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+    if a.spec_type is None:  # the same drafter llamaspec picks for this file
+        from llamaspec.gguf.reader import read_model_info
+
+        arch = read_model_info(a.draft).arch if a.draft else None
+        a.spec_type = "draft-mtp" if a.draft is None else \
+            {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
+    case = peers.Case(a.target, a.draft, a.spec_type, 2048, a.ngl, a.no_repack, tuple(shlex.split(a.llama_extra)))
+
+    # 1. llamaspec, every regime on one load; closed before the peers load the same files
+    # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for
+    names = [m.partition(":")[0] for m in modes]
+    longest = max(ks + [make_policy(name).k_max for name in names if name not in ("plain", "fixed")])
+    pair = load_pair(a.target, a.draft, n_ctx=case.n_ctx, n_threads=a.threads, no_repack=a.no_repack,
+                     n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
+                     drafter=a.drafter, n_rs_seq=max(longest, 1))
+    try:
+        if hasattr(pair, "warm_up") and pair.target_ctx.output_on_gpu:
+            pair.warm_up(longest)   # every draft length any mode will ask for
+        pair.generate("warm up", max_tokens=16)
+        mine = run_llamaspec(pair, a, regimes, ks, modes, prompts)
+    finally:
+        pair.close()
+
+    # 2. the peers; the report is written again after each, so a run cut short keeps what it measured
+    results, versions = [], []
+    hw = hardware()
+    write_report(a, hw, case, prompts, regimes, mine, results, versions, final=not a.peers)
+    for i, name in enumerate(a.peers):
+        exe, why = peer_binary(a, name, case)
+        versions.append(f"{PEER_LABELS[name]}: `{exe}` ({peers.tool_version(exe)})" if exe
+                        else f"{PEER_LABELS[name]}: not run ({why})")
+        for k in ks:
+            if name == "speculative-simple":
+                results += speculative_simple_results(exe, why, case, k, regimes, prompts, a.tokens)
+            else:
+                results += server_results(name, exe, why, case, k, regimes, prompts, a.tokens, a.server_timeout)
+        write_report(a, hw, case, prompts, regimes, mine, results, versions, final=i == len(a.peers) - 1)
+
+
+def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, versions: list, final: bool) -> None:
+    """The markdown report (printed when final, and written to --out) and the rows as JSON (--json)."""
+    def described(path):
+        if not path:
+            return "none"
+        return f"{Path(path).name} ({Path(path).stat().st_size / 2**30:.2f} GiB)"
+
+    lines = ["# llamaspec engine benchmark", "",
+             f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
+             f"- target: {described(a.target)}; draft: {described(a.draft)}; drafter: {a.drafter} "
+             f"(peers: {a.spec_type})",
+             f"- hardware: {hw}",
+             f"- llamaspec: threads {a.threads}, flash attention {a.flash_attn}, context {case.n_ctx}, "
+             f"no_repack={a.no_repack}; ratios of sampled regimes are against plain decoding in the same regime",
+             *[f"- peer {v}" for v in versions],
+             f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up per engine; peer "
+             f"commands are shown with the first prompt (the others differ only in it); "
+             f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    if not final:
+        lines += ["**Partial: the run has not finished (the peers after the last one listed are missing).**", ""]
+    lines += summary(regimes, mine, results)
+    for regime in regimes:
+        rows, states, where = mine[regime.name]
+        lines += regime_section(regime, rows, states, where, [r for r in results if r.regime == regime.name])
+    report = "\n".join(lines)
+    if final:
+        print(report)
+    if a.out:
+        a.out.write_text(report + "\n")
+    if a.json:
+        table = []
+        for regime in regimes:
+            rows = mine[regime.name][0]
+            plain = next(r for r in rows if r.mode == "plain")
+            table += [{"regime": regime.name, "temperature": regime.temperature, "engine": "llamaspec",
+                       "mode": r.mode, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
+                       "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance,
+                       "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
+                       "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
+                       "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None}
+                      for r in rows]
+            table += [{"regime": regime.name, "temperature": regime.temperature, "engine": r.peer,
+                       "mode": f"k={r.k}", "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
+                       "drafted": r.drafted, "accepted": r.accepted, "command": r.cmd, "skipped": r.skipped or None}
+                      for r in results if r.regime == regime.name]
+        a.json.write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    from llamaspec.cli.options import handle_errors
+
+    handle_errors(main)()  # a missing or mismatched model: one line, not a traceback

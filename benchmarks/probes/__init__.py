@@ -1,0 +1,1 @@
+"""Probes: one measurement each (a cost curve, a profile, an overhead, a bound)."""

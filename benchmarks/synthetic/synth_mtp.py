@@ -1,0 +1,237 @@
+"""A synthetic qwen35-shaped model with a multi-token-prediction (MTP) head that agrees with the trunk at a known
+rate: a speed benchmark for MTP drafting that needs no download.
+
+    python benchmarks/synthetic/synth_mtp.py OUT.gguf [--preset 27b|tiny] [--agree 0.7] [--scale S] [--seed 0]
+
+Shapes (--preset 27b) follow Qwen3.6-27B: width 5120, 64 blocks (every 4th full attention with 24 query heads,
+4 KV heads of 256; the others gated delta-net with 16 key heads and 48 value heads of 128), FFN 17408, a 248320-token
+vocabulary, and one nextn block. Every matrix of the blocks is Q4_K and zero (the GPU multiplies zeros as fast as
+anything), the embeddings and output matrix are Q8_0, so a token costs what a Q4 model of that size costs (27.3B
+parameters, 15.6 GiB, 865 tensors). `tiny` is the same structure at width 256 for a CPU smoke test.
+
+What the weights compute. The blocks write nothing into the residual stream, so the trunk's hidden state is
+rms_norm(e(x)) of the current token and its next token is sigma(x) = x + c mod V (one cycle over the vocabulary):
+the output row sigma(x) is `scale * e(x)/|e(x)|`, so that logit is scale * sqrt(n_embd) and the others
+scale * sqrt(n_embd) * cos(e(x), e(y)), about scale * N(0, 1) (--scale sets how peaked p is at a temperature).
+The head reads concat(enorm(e), hnorm(h)) through eh_proj = [I | 0] (the token-embedding half) and shares the
+embeddings, the output matrix and the output norm, so it predicts sigma(x) too, except for a set D of tokens
+(1 - agree of the vocabulary, drawn at random): their embedding is e(alias(x)) on the first 7/8 of the dimensions
+plus a 4x longer part on the last 1/8, and the head's enorm is 0 there. The trunk still predicts sigma(x) (the long
+part dominates and the output row follows it); the head sees only e(alias(x)) and predicts sigma(alias(x)). A draft
+token is therefore accepted (greedy) exactly when the token it follows is not in D: each position independently with
+probability ~ agree, and the head's own hidden state (chained drafts) changes nothing.
+
+The tokenizer is llama.cpp's test vocabulary (tokens "tok_0".., no BOS/EOS): any text tokenizes, generation never
+stops early. llamaspec and llama.cpp's tools both load the file.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFValueType, GGUFWriter
+from gguf.quants import quantize
+
+PRESETS = {
+    # n_embd, blocks, n_ff, heads, kv heads, head dim, delta-net key heads, value heads, state, vocab
+    "27b": dict(n_embd=5120, n_layer=64, n_ff=17408, n_head=24, n_head_kv=4, head_dim=256, n_group=16, dt_rank=48,
+                d_state=128, n_vocab=248320, rope_dim=64, sections=(11, 11, 10, 0)),
+    "tiny": dict(n_embd=256, n_layer=4, n_ff=512, n_head=2, n_head_kv=1, head_dim=128, n_group=2, dt_rank=4,
+                 d_state=64, n_vocab=4096, rope_dim=64, sections=(11, 11, 10, 0)),
+}
+ARCH = "qwen35"
+FULL_ATTENTION_INTERVAL = 4
+ROWS_PER_CHUNK = 4096
+B_FRACTION = 8          # the last n_embd / B_FRACTION dimensions carry the D tokens' long part
+B_LENGTH = 4.0          # |long part| / |short part|
+
+
+class Vocabulary:
+    """The embeddings and the output matrix, row by row (deterministic in the seed)."""
+
+    def __init__(self, n_vocab: int, n_embd: int, agree: float, seed: int):
+        self.n_vocab, self.n_embd, self.seed = n_vocab, n_embd, seed
+        self.n_a = n_embd - n_embd // B_FRACTION
+        rng = np.random.default_rng(seed)
+        self.step = next(c for c in range(n_vocab // 3, n_vocab) if np.gcd(c, n_vocab) == 1)  # sigma(x) = x + c
+        self.in_d = rng.random(n_vocab) >= agree                 # the tokens the head mispredicts
+        agreeing = np.flatnonzero(~self.in_d)
+        if len(agreeing) == 0:
+            raise SystemExit("error: --agree leaves no token the head predicts right")
+        # alias(x): an agreeing token other than x (a random one)
+        self.alias = agreeing[rng.integers(0, len(agreeing), n_vocab)]
+        self.alias[~self.in_d] = np.flatnonzero(~self.in_d)
+
+    def _base(self, tokens: np.ndarray) -> np.ndarray:
+        """e_A(x): a standard normal vector on the first n_a dimensions, drawn per token."""
+        out = np.zeros((len(tokens), self.n_embd), dtype=np.float32)
+        for i, t in enumerate(tokens):
+            out[i, :self.n_a] = np.random.default_rng((self.seed, int(t))).standard_normal(self.n_a)
+        return out
+
+    def embeddings(self, tokens: np.ndarray) -> np.ndarray:
+        """e(x) = e_A(x), or e_A(alias(x)) + a part B_LENGTH times longer on the last dimensions for x in D."""
+        e = self._base(self.alias[tokens])
+        for i in np.flatnonzero(self.in_d[tokens]):
+            long = np.random.default_rng((self.seed, int(tokens[i]), 1)).standard_normal(self.n_embd - self.n_a)
+            e[i, self.n_a:] = B_LENGTH * np.linalg.norm(e[i]) * long / np.linalg.norm(long)
+        return e
+
+    def output_rows(self, rows: np.ndarray, scale: float) -> np.ndarray:
+        e = self.embeddings((rows - self.step) % self.n_vocab)     # row sigma(x) belongs to x = row - c
+        return scale * e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def quantized_matrix(make_rows, n_rows: int, n_cols: int, qtype: Q, probe=None) -> np.ndarray:
+    """An (n_rows, n_cols) matrix built ROWS_PER_CHUNK rows at a time and quantized; probe(rows, block) sees each
+    float block."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    out = np.empty((n_rows, n_cols // block * type_size), dtype=np.uint8)
+    for a in range(0, n_rows, ROWS_PER_CHUNK):
+        rows = np.arange(a, min(a + ROWS_PER_CHUNK, n_rows))
+        data = make_rows(rows)
+        if probe is not None:
+            probe(rows, data)
+        out[a:a + len(rows)] = quantize(data, qtype)
+    return out
+
+
+def tensor_plan(p: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, ggml shape, kind) of every tensor; kind: zero (Q4_K zeros), one / zero32 / neg (F32), or special."""
+    n_embd, n_ff = p["n_embd"], p["n_ff"]
+    key_dim, value_dim = p["d_state"] * p["n_group"], p["d_state"] * p["dt_rank"]
+    q_dim, kv_dim = p["head_dim"] * p["n_head"], p["head_dim"] * p["n_head_kv"]
+    plan = [("token_embd.weight", (n_embd, p["n_vocab"]), "embd"), ("output_norm.weight", (n_embd,), "one"),
+            ("output.weight", (n_embd, p["n_vocab"]), "output")]
+    n_all = p["n_layer"] + 1
+    for il in range(n_all):
+        blk = f"blk.{il}."
+        plan += [(blk + "attn_norm.weight", (n_embd,), "one"), (blk + "post_attention_norm.weight", (n_embd,), "one")]
+        if il < p["n_layer"] and (il + 1) % FULL_ATTENTION_INTERVAL != 0:   # gated delta-net
+            plan += [(blk + "attn_qkv.weight", (n_embd, 2 * key_dim + value_dim), "zero"),
+                     (blk + "attn_gate.weight", (n_embd, value_dim), "zero"),
+                     (blk + "ssm_conv1d.weight", (4, 2 * key_dim + value_dim), "zero32"),
+                     (blk + "ssm_dt.bias", (p["dt_rank"],), "zero32"), (blk + "ssm_a", (p["dt_rank"],), "neg"),
+                     (blk + "ssm_beta.weight", (n_embd, p["dt_rank"]), "zero32"),
+                     (blk + "ssm_alpha.weight", (n_embd, p["dt_rank"]), "zero32"),
+                     (blk + "ssm_norm.weight", (p["d_state"],), "one"),
+                     (blk + "ssm_out.weight", (value_dim, n_embd), "zero")]
+        else:                                                                 # full attention (and the MTP block)
+            plan += [(blk + "attn_q.weight", (n_embd, 2 * q_dim), "zero"),   # query and its output gate
+                     (blk + "attn_k.weight", (n_embd, kv_dim), "zero"),
+                     (blk + "attn_v.weight", (n_embd, kv_dim), "zero"),
+                     (blk + "attn_output.weight", (q_dim, n_embd), "zero"),
+                     (blk + "attn_q_norm.weight", (p["head_dim"],), "one"),
+                     (blk + "attn_k_norm.weight", (p["head_dim"],), "one")]
+        plan += [(blk + "ffn_gate.weight", (n_embd, n_ff), "zero"), (blk + "ffn_up.weight", (n_embd, n_ff), "zero"),
+                 (blk + "ffn_down.weight", (n_ff, n_embd), "zero")]
+        if il == p["n_layer"]:
+            plan += [(blk + "nextn.eh_proj.weight", (2 * n_embd, n_embd), "eh_proj"),
+                     (blk + "nextn.enorm.weight", (n_embd,), "enorm"), (blk + "nextn.hnorm.weight", (n_embd,), "one")]
+    return plan
+
+
+def write_metadata(w: GGUFWriter, p: dict) -> None:
+    a = ARCH
+    w.add_name(f"synthetic {a} with an MTP head")
+    for key, value, vtype in [
+        ("context_length", 262144, GGUFValueType.UINT32), ("embedding_length", p["n_embd"], GGUFValueType.UINT32),
+        ("block_count", p["n_layer"] + 1, GGUFValueType.UINT32), ("nextn_predict_layers", 1, GGUFValueType.UINT32),
+        ("feed_forward_length", p["n_ff"], GGUFValueType.UINT32),
+        ("attention.head_count", p["n_head"], GGUFValueType.UINT32),
+        ("attention.head_count_kv", p["n_head_kv"], GGUFValueType.UINT32),
+        ("attention.key_length", p["head_dim"], GGUFValueType.UINT32),
+        ("attention.value_length", p["head_dim"], GGUFValueType.UINT32),
+        ("attention.layer_norm_rms_epsilon", 1e-6, GGUFValueType.FLOAT32),
+        ("full_attention_interval", FULL_ATTENTION_INTERVAL, GGUFValueType.UINT32),
+        ("rope.dimension_count", p["rope_dim"], GGUFValueType.UINT32),
+        ("rope.freq_base", 1e7, GGUFValueType.FLOAT32),
+        ("ssm.conv_kernel", 4, GGUFValueType.UINT32), ("ssm.state_size", p["d_state"], GGUFValueType.UINT32),
+        ("ssm.group_count", p["n_group"], GGUFValueType.UINT32),
+        ("ssm.time_step_rank", p["dt_rank"], GGUFValueType.UINT32),
+        ("ssm.inner_size", p["d_state"] * p["dt_rank"], GGUFValueType.UINT32),
+    ]:
+        w.add_key_value(f"{a}.{key}", value, vtype)
+    w.add_key_value(f"{a}.rope.dimension_sections", list(p["sections"]), GGUFValueType.ARRAY,
+                    sub_type=GGUFValueType.INT32)
+    w.add_tokenizer_model("test")                       # llama.cpp's test vocabulary: no BOS/EOS, hashes any text
+    w.add_token_list([f"tok_{i}" for i in range(p["n_vocab"])])
+    w.add_token_scores([0.0] * p["n_vocab"])
+    w.add_token_types([1] * p["n_vocab"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--agree", type=float, default=0.7, help="fraction of the vocabulary the head predicts right")
+    ap.add_argument("--scale", type=float, default=None,
+                    help="output logit scale [default: 0.15 at 27b, 0.47 at tiny: p(top) ~ 0.75 at T=0.8]")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if not 0.0 < a.agree <= 1.0:
+        ap.error("--agree must be in (0, 1]")
+    p = PRESETS[a.preset]
+    scale = a.scale if a.scale is not None else (0.15 if a.preset == "27b" else 0.47)
+    t0 = time.perf_counter()
+    vocab = Vocabulary(p["n_vocab"], p["n_embd"], a.agree, a.seed)
+
+    # probe: the target's p(top) at T = 0.8 for a few tokens, from the output matrix as it is built
+    probe_tokens = np.arange(0, p["n_vocab"], max(1, p["n_vocab"] // 16))[:16]
+    h = vocab.embeddings(probe_tokens)
+    h *= np.sqrt(p["n_embd"]) / np.linalg.norm(h, axis=1, keepdims=True)      # rms_norm with unit weights
+    logits = np.zeros((len(probe_tokens), p["n_vocab"]), dtype=np.float64)
+
+    def probe(rows, block):
+        logits[:, rows] = h @ block.T
+
+    w = GGUFWriter(str(a.out), ARCH)
+    write_metadata(w, p)
+    plan = tensor_plan(p)
+    q4_block, q4_size = GGML_QUANT_SIZES[Q.Q4_K]
+    for name, shape, kind in plan:
+        n = int(np.prod(shape))
+        if kind == "zero":      # (the dtype only says "element shape", not bytes)
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n // q4_block * q4_size, Q.Q4_K)
+        elif kind in ("embd", "output", "eh_proj"):
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n // 32 * 34, Q.Q8_0)
+        else:
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n * 4, Q.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    zeros = np.zeros(max(int(np.prod(s)) for _, s, k in plan if k == "zero") // q4_block * q4_size, dtype=np.uint8)
+    n_embd = p["n_embd"]
+    for name, shape, kind in plan:
+        n = int(np.prod(shape))
+        if kind == "zero":
+            data = zeros[:n // q4_block * q4_size]
+        elif kind == "embd":
+            data = quantized_matrix(vocab.embeddings, p["n_vocab"], n_embd, Q.Q8_0)
+        elif kind == "output":
+            data = quantized_matrix(lambda rows: vocab.output_rows(rows, scale), p["n_vocab"], n_embd, Q.Q8_0, probe)
+        elif kind == "eh_proj":   # [I | 0]: output i reads input i (the normed token embedding), never the state
+            data = quantized_matrix(lambda rows: np.eye(n_embd, 2 * n_embd, dtype=np.float32)[rows], n_embd,
+                                    2 * n_embd, Q.Q8_0)
+        elif kind == "enorm":   # the head does not see the D tokens' long part
+            data = np.ones(n, dtype=np.float32)
+            data[vocab.n_a:] = 0.0
+        else:                   # norms 1, delta-net scalars 0, its decay rates (ssm_a) -1
+            data = np.full(n, {"one": 1.0, "zero32": 0.0, "neg": -1.0}[kind], dtype=np.float32)
+        w.write_tensor_data(data)
+    w.close()
+
+    z = logits / 0.8
+    p_top = np.exp(z.max(axis=1) - np.logaddexp.reduce(z, axis=1))
+    argmax_ok = np.mean(logits.argmax(axis=1) == (probe_tokens + vocab.step) % p["n_vocab"])
+    print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, {a.preset}) in {time.perf_counter() - t0:.0f} s: "
+          f"head agreement {1 - vocab.in_d.mean():.3f} of the vocabulary (asked {a.agree}); the trunk's argmax is "
+          f"x + {vocab.step} for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
+          f"{np.median(p_top):.2f} (scale {scale})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""The device side of a context's sampling: llama.cpp's backend sampler chains attached to the sequence, so that
+each output row's argmax (greedy), or its filtered distribution and a draw from it (sampling), is taken in the graph
+and only the result comes back. A part of Context (context.py), which owns the chain and decodes."""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import os
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DecodeError
+from ..sampling import LLAMA_CPP, Dist, SamplerConfig
+from .native import env_flag, llama_cpp, native_log, supports_gpu_offload
+
+
+class DeviceSampling:
+    """Context's sampler-chain methods (its `_ptr`, `_chain`, `_chain_kind`, `_chain_key`, `_sorted_rows`,
+    `_views`, `_decode`, `_decode_one`, `_prefix` and `n_pending` are Context's)."""
+
+    def set_device_argmax(self, on: bool) -> bool:
+        """Attach (or detach) a greedy sampler to the sequence so llama.cpp takes each output row's argmax on the
+        device (its backend sampling). Returns whether it is attached: builds or devices that cannot run it keep
+        the logits path. Any eval that asks for logits detaches it."""
+        if on == (self._chain_kind == "argmax"):
+            return on
+        if not on:
+            self._detach_chain()
+            return False
+        if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
+            return False
+        return self._attach_chain(_chain_of([llama_cpp.llama_sampler_init_greedy()]), "argmax")
+
+    @property
+    def device_argmax(self) -> bool:
+        return self._chain_kind == "argmax"
+
+    # -- filtered distributions on the device ------------------------------------------------------------------
+    @property
+    def prefers_device_sampling(self) -> bool:
+        """Whether sampling filters should run in llama.cpp's graph: when the output layer runs on a GPU. On the
+        CPU backend numpy's filters cost less (top-p alone sorts the whole vocabulary there). The environment
+        variable LLAMASPEC_DEVICE_SAMPLING=1 or 0 forces it on or off."""
+        forced = os.environ.get("LLAMASPEC_DEVICE_SAMPLING", "").strip().lower()
+        if forced in ("1", "on", "true", "yes", "0", "off", "false", "no"):
+            return forced in ("1", "on", "true", "yes")
+        return self.output_on_gpu
+
+    @property
+    def output_on_gpu(self) -> bool:
+        """Whether the output layer (and so every layer before it, as llama.cpp offloads) runs on a GPU."""
+        o = self.model.options
+        return supports_gpu_offload() and o.devices != () and \
+            (o.n_gpu_layers < 0 or o.n_gpu_layers > self.model.info.n_layer)
+
+    def set_device_sampler(self, cfg: SamplerConfig | None, seed: int | None = 0) -> bool:
+        """Attach a chain [temp, top-k, top-p, min-p, dist(seed)], or [top-k, top-p, min-p, temp, dist(seed)] in
+        llama.cpp's order (only the filters cfg turns on), so that llama.cpp filters every output row on the device
+        and draws a token from it; `eval_dists` reads the results. None detaches. Returns whether it is attached:
+        every sampler must run in the graph (a build or device that cannot keeps nothing attached, and the caller
+        filters logits with numpy instead).
+        Attaching makes llama.cpp reserve its graphs again at the next decode (tens of milliseconds for a large
+        model), so a chain with the same filters stays attached and takes the state of a fresh one instead
+        (llama_sampler_copy: its random generator, seeded from `seed`, or at random for None): the same draws as a
+        fresh chain, without the re-reserve."""
+        if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
+            self._detach_chain()
+            return False
+        top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
+        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p, cfg.order)
+        fresh = self._sampling_chain(key, llama_cpp.LLAMA_DEFAULT_SEED if seed is None else seed & 0x7FFFFFFF)
+        if self._chain_kind == "sample" and self._chain_key == key and hasattr(llama_cpp, "llama_sampler_copy"):
+            llama_cpp.llama_sampler_copy(fresh, self._chain)
+            llama_cpp.llama_sampler_free(fresh)
+            return True
+        self._sorted_rows = cfg.top_p < 1.0 and not top_k  # top-p sorts the vocabulary: the kept ids come first
+        attached = self._attach_chain(fresh, "sample")
+        self._chain_key = key if attached else None
+        return attached
+
+    @staticmethod
+    def _sampling_chain(key: tuple, seed: int):
+        temperature, top_k, top_p, min_p, order = key
+        samplers = []
+        if top_k:
+            samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            samplers.append(llama_cpp.llama_sampler_init_top_p(top_p, 1))
+        if min_p > 0.0:
+            samplers.append(llama_cpp.llama_sampler_init_min_p(min_p, 1))
+        samplers.insert(len(samplers) if order == LLAMA_CPP else 0, llama_cpp.llama_sampler_init_temp(temperature))
+        samplers.append(llama_cpp.llama_sampler_init_dist(seed))
+        return _chain_of(samplers)
+
+    @property
+    def device_sampler(self) -> bool:
+        return self._chain_kind == "sample"
+
+    def eval_dists(self, tokens: Sequence[int], rows: str = "last") -> list[Dist]:
+        """Decode `tokens` with the chain of `set_device_sampler` attached: the filtered distribution of the last
+        row ('last') or of every row ('all'), each with the device's draw. The weights are views into llama.cpp's
+        buffers, valid until the next decode: `Dist.copy` what must outlive it."""
+        if self._chain_kind != "sample":
+            raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
+        if len(tokens) == 1 and not self.n_pending:
+            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+        else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
+            self._decode(tokens, rows)
+        out = [self._sampled_dist(self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+            else [self._sampled_dist(-1)]
+        # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
+        # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
+        for _ in out:
+            llama_cpp.llama_sampler_accept(self._chain, 0)
+        return out
+
+    def _sampled_dist(self, i: int) -> Dist:
+        ctx = self._ptr
+        n_probs = llama_cpp.llama_get_sampled_probs_count_ith(ctx, i)
+        token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
+        if n_probs == 0 or token < 0:
+            raise DecodeError("llama.cpp returned no sampled distribution for an output row")
+        probs = self._array_view(llama_cpp.llama_get_sampled_probs_ith(ctx, i), n_probs)
+        n_ids = llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i)
+        if not n_ids:
+            return Dist(None, probs, 1.0, draw=token)  # every id, in id order
+        ids = self._array_view(llama_cpp.llama_get_sampled_candidates_ith(ctx, i), n_ids)
+        if self._sorted_rows:  # sorted by probability, top-p's and min-p's cuts are zeros at the end
+            n_kept = bisect.bisect_left(probs, True, key=_is_zero)
+            ids, probs = ids[:n_kept], probs[:n_kept]
+        return Dist(ids, probs, 1.0, draw=token)
+
+    def _array_view(self, ptr, n: int) -> np.ndarray:
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n, type(ptr))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n,))
+        return view
+
+    def _attach_chain(self, chain, kind: str) -> bool:
+        """Attach a sampler chain (this context owns it from here, attached or not)."""
+        self._detach_chain()
+        with native_log():
+            ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
+        # llama.cpp attaches a chain even when only a prefix of it can run in the graph (the rest would be left
+        # for the host); after attaching, each sampler that runs there is named with a leading '+' ('?': a no-op,
+        # such as temperature 1)
+        names = [llama_cpp.llama_sampler_name(llama_cpp.llama_sampler_chain_get(chain, i)) or b""
+                 for i in range(llama_cpp.llama_sampler_chain_n(chain))]
+        if not ok or not all(name[:1] in (b"+", b"?") for name in names):
+            llama_cpp.llama_set_sampler(self._ptr, 0, None)
+            llama_cpp.llama_sampler_free(chain)
+            return False
+        self._chain, self._chain_kind = chain, kind
+        return True
+
+    def _detach_chain(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_set_sampler(self._ptr, 0, None)
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = self._chain_kind = self._chain_key = None
+
+
+def _is_zero(p) -> bool:
+    return p <= 0.0
+
+
+def _chain_of(samplers: list):
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    for sampler in samplers:
+        llama_cpp.llama_sampler_chain_add(chain, sampler)
+    return chain

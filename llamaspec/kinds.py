@@ -1,0 +1,80 @@
+"""Drafter kinds as data: one descriptor per kind says what the kind is, and every other module reads it (the CLI's
+choices and llama.cpp names, the registry's optional draft file, the header checks and contexts load_pair makes,
+how the policy prices a draft). A new kind is its module under drafters/ plus one descriptor here.
+
+This module imports nothing of llamaspec's but errors: config.py and the CLI read it at start-up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidParameterError
+
+# what drafts, and so what load_pair makes and checks for it:
+#   "prompt"  the prompt and history themselves (prompt lookup): no draft file, no context
+#   "draft"   a draft model of the target's vocabulary (header check: llama.cpp's vocabulary rule), its own context
+#   "mtp"     the target's own multi-token-prediction head (header check: the target carries one head that
+#             llama.cpp can run), a context over the target's (backend.mtp.MTPContext)
+#   "hidden"  a draft file of the kind's own architecture that reads the target's hidden states (header checks:
+#             the vocabulary rule and gguf.hidden_pair), a context bound to the target's (backend.hidden)
+SOURCES = ("prompt", "draft", "mtp", "hidden")
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str                       # llamaspec's name (--drafter, models.toml's `drafter`, LoadConfig.drafter)
+    spec_type: str | None           # llama.cpp's --spec-type name; None for a combination (say both names)
+    source: str                     # one of SOURCES: what drafts
+    drafter: str                    # "module:Class" under drafters/, built as Class(context, n_vocab)
+    title: str = ""                 # how messages name its draft file ("an EAGLE-3 draft")
+    draft_cost: str = "per_token"   # how drafting time grows with k: one pass per token, or one per draft
+    parts: tuple[str, ...] = ()     # a combination: these kinds, tried in this order
+    sidecar: str = ""               # the file-name prefix of its draft files in a Hugging Face repo ("mtp-")
+
+    @property
+    def draft_file(self) -> str:
+        """Whether it drafts from a draft file: "none", "model" (any draft model) or "arch" (a file whose
+        architecture is this kind's name)."""
+        return {"prompt": "none", "draft": "model", "mtp": "none", "hidden": "arch"}[self.source]
+
+
+KINDS: dict[str, DrafterKind] = {k.name: k for k in (
+    DrafterKind("model", "draft-simple", "draft", "model:ModelDrafter"),
+    DrafterKind("lookup", "ngram-simple", "prompt", "lookup:PromptLookupDrafter"),
+    DrafterKind("lookup+model", None, "draft", "lookup:CombinedDrafter", parts=("lookup", "model")),
+    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", sidecar="mtp-"),
+    DrafterKind("lookup+mtp", None, "mtp", "lookup:CombinedDrafter", parts=("lookup", "mtp")),
+    DrafterKind("eagle3", "draft-eagle3", "hidden", "eagle3:Eagle3Drafter", title="an EAGLE-3 draft",
+                sidecar="eagle3-"),
+    DrafterKind("dflash", "draft-dflash", "hidden", "dflash:DFlashDrafter", title="a DFlash draft",
+                draft_cost="per_pass", sidecar="dflash-"),
+)}
+
+DRAFTER_KINDS = tuple(KINDS)
+MTP_DRAFTERS = tuple(k.name for k in KINDS.values() if k.source == "mtp")
+HIDDEN_DRAFT_ARCHS = tuple(k.name for k in KINDS.values() if k.source == "hidden")   # archs that pick a kind
+NO_DRAFT_FILE = tuple(k.name for k in KINDS.values() if k.draft_file == "none")
+SPEC_TYPES = {"none": None, **{k.spec_type: k.name for k in KINDS.values() if k.spec_type}}
+COMBINATIONS = {k.parts: k.name for k in KINDS.values() if k.parts}
+
+
+def drafter_kind(name: str) -> DrafterKind:
+    if name not in KINDS:
+        raise InvalidParameterError(f"drafter must be one of {', '.join(KINDS)}, got {name!r}", param="drafter")
+    return KINDS[name]
+
+
+def kind_for_file(kind: str, draft_arch: str, path) -> str:
+    """The drafter for a draft file of `draft_arch`: a file of a kind's own architecture picks that kind when the
+    default ("model") was asked for; any other mix of kind and file is refused."""
+    own = KINDS.get(draft_arch)
+    if own is not None and own.draft_file == "arch":
+        if kind in ("model", own.name):
+            return own.name
+        raise InvalidParameterError(f"{path} is {own.title}: use drafter {own.name!r}, not {kind!r}",
+                                    param="drafter")
+    asked = drafter_kind(kind)
+    if asked.draft_file == "arch":
+        raise InvalidParameterError(f"drafter {kind!r} needs {asked.title} GGUF (architecture {kind!r}); {path} is a "
+                                    f"{draft_arch!r} model", param="drafter")
+    return kind

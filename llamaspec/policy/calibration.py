@@ -1,0 +1,78 @@
+"""Load-time calibration: run every draft length on a pair, time its passes, keep them as `Costs` for the policies
+(Pair.warm_up). On a GPU the first pass of each batch size loads its kernels and builds its graphs, which would
+otherwise be timed by the first request (and could make `auto` judge that no draft pays)."""
+from __future__ import annotations
+
+from statistics import median
+
+from .base import Costs, DraftPolicy, check_k
+
+_LONGEST = 16   # the longest draft a warm-up runs
+
+
+class Sweep(DraftPolicy):
+    """Draft k_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row. From the third
+    pass of a size in a row on, its passes run warm: costs() tells what those took, and how much more the first two
+    took."""
+
+    name = "sweep"
+
+    def __init__(self, k_max: int, repeats: int = 1):
+        self.k = self.k_max = k_max
+        self.repeats = self._left = repeats
+        self.done = False
+        self._last_n = self._run = 0
+        self._warm: dict[int, list[float]] = {}
+        self._cold: dict[int, list[float]] = {}
+        self._draft: list[float] = []
+
+    def next_draft_len(self) -> int:
+        return self.k
+
+    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        n = drafted + 1
+        self._run = self._run + 1 if n == self._last_n else 1
+        self._last_n = n
+        if self._run >= 3:
+            self._warm.setdefault(n, []).append(verify_seconds)
+            if drafted:
+                self._draft.append(draft_seconds / drafted)
+        else:
+            self._cold.setdefault(n, []).append(verify_seconds)
+        self._left -= 1
+        if not self._left:
+            self.k, self._left = self.k - 1, self.repeats
+            self.done = self.k < 0
+            self.k = max(self.k, 0)
+
+    def costs(self) -> Costs:
+        verify = {n: median(seconds) for n, seconds in sorted(self._warm.items())}
+        excess = [c - verify[n] for n, seconds in self._cold.items() if n in verify for c in seconds]
+        return Costs(verify, median(self._draft) if self._draft else None, excess)
+
+
+def measure_costs(pair, k_max: int | None = None) -> Costs | None:
+    """Run every draft length up to k_max (the pair's policy's) on `pair`, greedy three steps each and then sampled
+    once each, and forget the text; the third greedy step of each size runs warm, and what those took is returned.
+    The pair is left with a sweep policy: the caller sets its own back."""
+    if k_max is not None:
+        check_k("k_max", k_max, 1)
+    k_max = min(k_max or getattr(pair.policy, "k_max", 0) or 1, _LONGEST)
+    prompt = pair.tokenize("warm up")
+    costs = None
+    try:
+        for temperature, repeats in ((0.0, 3), (0.8, 1)):
+            sweep = Sweep(k_max, repeats)
+            pair.set_policy(sweep)
+            for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next
+                for _ in pair.stream(prompt, max_tokens=repeats * (k_max + 1) ** 2, temperature=temperature, seed=1):
+                    if sweep.done:
+                        break
+                if sweep.done:
+                    break
+            if repeats > 1:
+                costs = sweep.costs()
+    finally:
+        pair.reset()
+        pair.last_stats = None
+    return costs

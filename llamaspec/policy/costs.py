@@ -1,0 +1,303 @@
+"""What `auto` estimates, kept apart from what it decides: a pure cost model.
+
+    tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
+    time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
+              = t_draft + t_verify(k + 1)                for a drafter whose whole draft is one pass (DFlash)
+
+`Acceptance` holds the a_i, `CostModel` t_draft and t_verify(n), each learnt from what the engine reports; neither
+knows about phases, probes or credit (auto.py), nor about models or tokens.
+"""
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+from statistics import median
+
+from .base import Costs
+from .tuning import AutoTuning
+
+# ModelDrafter's catch-up (drafters/model.py): up to 2 missed tokens are decoded with the draft and counted in its
+# time; past 128 missed it restarts on its last 64 tokens
+_CATCH_UP_COUNTED, _CATCH_UP_MAX, _CATCH_UP_WINDOW = 2, 128, 64
+
+
+class Timing:
+    """Seconds per unit (a pass, a drafted token) that one slow sample cannot swing: other processes only ever make a
+    step slower, and on a shared machine one step can take many times its usual time. The minimum of the first
+    samples, their median once there are 3, then a decayed average of samples clipped to [1/2, 2] x the estimate."""
+
+    __slots__ = ("total", "weight", "samples", "_first")
+
+    def __init__(self):
+        self.total = self.weight = 0.0
+        self.samples = 0
+        self._first: list[float] | None = []
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight
+
+    def add(self, per_unit: float, units: float, decay: float) -> None:
+        self.samples += 1
+        first = self._first
+        if first is not None:
+            first.append(per_unit)
+            self.weight += units
+            self.total = (min(first) if len(first) < 3 else sorted(first)[len(first) // 2]) * self.weight
+            if len(first) == 3:
+                self._first = None
+            return
+        estimate = self.total / self.weight
+        self.total = decay * self.total + min(max(per_unit, 0.5 * estimate), 2.0 * estimate) * units
+        self.weight = decay * self.weight + units
+
+
+class Acceptance:
+    """Acceptance at each draft position: (accepted, tried) counts, all decayed at every drafted step so that what
+    was seen at positions no longer drafted fades. Each estimate leans on the position before it: position 1 on
+    the prior lightly (a useless draft shows at once), later ones on the one before them firmly (one rejection at
+    position 2 does not keep drafts at one token)."""
+
+    def __init__(self, k_max: int, tuning: AutoTuning):
+        self.k_max, self.tuning = k_max, tuning
+        self.acc = [0.0] * (k_max + 1)
+        self.tried = [0.0] * (k_max + 1)
+
+    def _decay(self, judged: int) -> None:
+        d, stale = self.tuning.decay, self.tuning.stale_decay
+        for j in range(1, self.k_max + 1):
+            keep = d if j <= judged else stale
+            self.acc[j] *= keep
+            self.tried[j] *= keep
+
+    def record_draft(self, drafted: int, accepted: int) -> None:
+        judged = min(drafted, accepted + 1)   # positions after the first rejection were not judged
+        self._decay(judged)
+        for j in range(1, judged + 1):
+            self.tried[j] += 1.0
+            self.acc[j] += 1.0 if j <= accepted else 0.0
+
+    def record_first(self, chance: float) -> None:
+        """A shadow probe: position 1 judged, accepted with `chance`."""
+        self._decay(1)
+        self.tried[1] += 1.0
+        self.acc[1] += chance
+
+    def estimates(self) -> list[float]:
+        """a_1..a_k_max (index 0 unused), each its counts shrunk toward the estimate before it (acceptance changes
+        slowly along a draft; a position never reached takes the one before it). No bonus for rarely reached
+        positions: exploring long drafts paid the cold passes of each change (results/auto-policy-notes.md)."""
+        t = self.tuning
+        out, before = [0.0] * (self.k_max + 1), t.prior
+        for j in range(1, self.k_max + 1):
+            w0 = t.prior_weight if j == 1 else t.chain_weight
+            before = (self.acc[j] + w0 * before) / (self.tried[j] + w0)
+            out[j] = before
+        return out
+
+
+def expected_tokens(acceptances: list[float], k: int) -> float:
+    """tokens(k): the tokens a k-token draft yields per target pass, the target's own token included."""
+    tokens = run = 1.0
+    for j in range(1, k + 1):
+        run *= acceptances[j]
+        tokens += run
+    return tokens
+
+
+class CostModel:
+    """t_draft and t_verify(n), learnt from warm passes (a pass is warm after two of its size in a row: llama.cpp
+    replays a captured CUDA graph while a batch shape stays the same), and what a cold pass costs beyond a warm one
+    (`switch_cost`), learnt from the cold ones."""
+
+    def __init__(self, tuning: AutoTuning, per_pass: bool = False):
+        self.tuning = tuning
+        self.per_pass = per_pass                     # t_draft is per draft pass, not per drafted token
+        self.verify: dict[int, Timing] = {}          # batch size -> seconds per warm target pass
+        self.cold: dict[int, Timing] = {}            # ... per cold pass, where no warm one was measured yet
+        self.sizes: list[int] = []                   # measured batch sizes (warm or cold), sorted
+        self.draft = Timing()                        # seconds per drafted token, warm steps
+        self.draft_cold = Timing()                   # ... cold steps (a probe's)
+        self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
+        self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
+
+    # -- learning -------------------------------------------------------------------------------------------
+    def _size(self, n: int) -> None:
+        if n not in self.verify:
+            self.verify[n], self.cold[n] = Timing(), Timing()
+            insort(self.sizes, n)
+
+    def record_pass(self, n: int, seconds: float) -> tuple[bool, float]:
+        """A target pass over n tokens took `seconds`: (whether it ran warm, what it took beyond a warm one)."""
+        warm = n == self.last_n and self.run >= 2   # two steps of this size just before: no re-capture
+        self.run = self.run + 1 if n == self.last_n else 1
+        self.last_n = n
+        self._size(n)
+        timing, cold = self.verify[n], self.cold[n]
+        excess = 0.0
+        if warm:   # the first warm pass of a size tells what its cold ones cost beyond it
+            if cold.samples and not timing.samples:
+                self.excess.append(cold.value - seconds)
+            timing.add(seconds, 1.0, self.tuning.decay)
+        else:
+            if timing.samples:
+                excess = seconds - timing.value
+                self.excess.append(excess)
+            cold.add(seconds, 1.0, self.tuning.decay)
+        return warm, excess
+
+    def record_draft(self, seconds: float, counted: int, warm: bool) -> None:
+        """`counted` drafted tokens (draft passes) took `seconds`."""
+        if counted > 0:
+            (self.draft if warm else self.draft_cold).add(seconds / counted, counted, self.tuning.decay)
+
+    def new_request(self) -> None:
+        self.last_n = self.run = 0
+
+    def calibrate(self, costs: Costs) -> None:
+        """Start from the costs measured at load, each as if measured `plain_samples` times."""
+        samples, decay = self.tuning.plain_samples, self.tuning.decay
+        for n, seconds in costs.verify.items():
+            self._size(n)
+            for _ in range(samples):
+                self.verify[n].add(seconds, 1.0, decay)
+        if costs.draft is not None:
+            for _ in range(samples):
+                self.draft.add(costs.draft, 1.0, decay)
+        self.excess.extend(costs.excess[-self.excess.maxlen:])
+
+    # -- estimates ------------------------------------------------------------------------------------------
+    @property
+    def t_draft(self) -> float | None:
+        """Seconds per drafted token (per draft pass for a "per_pass" drafter), from warm steps where there are."""
+        timing = self.draft if self.draft.samples else self.draft_cold
+        return timing.value if timing.samples else None
+
+    @property
+    def switch_cost(self) -> float:
+        """Seconds a cold pass takes beyond a warm one of its size (median of the recent ones; 0 unmeasured)."""
+        return max(median(self.excess), 0.0) if self.excess else 0.0
+
+    def draft_units(self, k: int) -> int:
+        """Draft costs of t_draft that a k-token draft takes."""
+        return 1 if self.per_pass and k else k
+
+    def size_time(self, n: int) -> float:
+        """A warm pass over n tokens: as measured warm, else a cold one less what a cold pass costs beyond it."""
+        warm = self.verify[n]
+        if warm.samples:
+            return warm.value
+        cold = self.cold[n].value
+        return max(cold - self.switch_cost, 0.5 * cold)
+
+    def verify_time(self, n: int, optimistic: bool = False) -> float | None:
+        """t_verify(n), seconds for one target pass over n tokens (see verify_curve)."""
+        curve = self.verify_curve(n, optimistic)
+        return curve[n] if curve else None
+
+    def verify_curve(self, n_max: int, optimistic: bool) -> list[float]:
+        """[_, t_verify(1), ..., t_verify(n_max)] in one pass; [] before any measurement. Measured sizes give
+        their average, lowered where a larger size was measured cheaper (timing noise: a pass over more tokens
+        does not cost less); between two of them, the line through both. Beyond the largest, the chord from the
+        smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
+        `optimistic` takes half the slope of the last two points instead: verify cost usually flattens, and the
+        only way to learn that is to try a longer draft. With one size measured: a 10% cost per extra token above
+        it, proportional below it."""
+        xs = self.sizes
+        if not xs:
+            return []
+        ys = [self.size_time(x) for x in xs]
+        for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
+            ys[i] = min(ys[i], ys[i + 1])
+        out = [0.0] * (n_max + 1)
+        if len(xs) == 1:
+            x0, y0 = xs[0], ys[0]
+            for n in range(1, n_max + 1):
+                out[n] = y0 * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else y0 * n / x0
+            return out
+        slope_low = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        a = -2 if optimistic else 0
+        slope_high = max((ys[-1] - ys[a]) / (xs[-1] - xs[a]), 0.0) * (0.5 if optimistic else 1.0)
+        i, last = 0, len(xs)
+        for n in range(1, n_max + 1):
+            while i < last and xs[i] < n:
+                i += 1
+            if i < last and xs[i] == n:
+                out[n] = ys[i]
+            elif i == 0:
+                out[n] = max(ys[0] + slope_low * (n - xs[0]), 1e-9)
+            elif i == last:
+                out[n] = ys[-1] + slope_high * (n - xs[-1])
+            else:
+                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                out[n] = ys[i - 1] * (1 - w) + ys[i] * w
+        return out
+
+    def step_time(self, k: int, optimistic: bool = False) -> float | None:
+        """time(k): seconds of a step that drafts k tokens and verifies them."""
+        verify, t_draft = self.verify_time(k + 1, optimistic), self.t_draft
+        if verify is None or (k and t_draft is None):
+            return None
+        return self.draft_units(k) * (t_draft or 0.0) + verify
+
+    def speeds(self, acceptances: list[float], k_max: int, optimistic: bool):
+        """(k, tokens(k) / time(k)) for k = 0..k_max, as far as the estimates reach, in one pass: tokens(k) grows by
+        the chance of accepting all of d_1..d_k."""
+        verify = self.verify_curve(k_max + 1, optimistic)
+        if not verify:
+            return
+        yield 0, 1.0 / verify[1]
+        t_draft = self.t_draft
+        if t_draft is None:
+            return
+        tokens = run = 1.0
+        for k in range(1, k_max + 1):
+            run *= acceptances[k]
+            tokens += run
+            yield k, tokens / (self.draft_units(k) * t_draft + verify[k + 1])
+
+    def best_k(self, acceptances: list[float], k_max: int, optimistic: bool) -> int:
+        """argmax_k tokens(k) / time(k) (ties go to the longer draft)."""
+        return max(self.speeds(acceptances, k_max, optimistic), key=lambda ks: (ks[1], ks[0]))[0]
+
+    def perfect_draft_gain(self, k_max: int) -> float | None:
+        """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
+        on this machine whatever the text, and probing acceptance is pointless."""
+        verify, t_draft = self.verify_curve(k_max + 1, False), self.t_draft
+        if not verify or t_draft is None:
+            return None
+        return verify[1] * max((k + 1) / (self.draft_units(k) * t_draft + verify[k + 1])
+                               for k in range(1, k_max + 1))
+
+    def catch_up(self, missed: int) -> float:
+        """Estimated seconds for the drafter to catch up on `missed` tokens in one batch with the next one, which
+        the engine reports as setup and the policy never sees: priced like the target's own batches, t_draft x
+        v(m + 1) / v(1) on the chord of the measured curve."""
+        if missed <= _CATCH_UP_COUNTED or self.t_draft is None or len(self.sizes) < 2:
+            return 0.0
+        xs = self.sizes
+        low, high = self.size_time(xs[0]), self.size_time(xs[-1])
+        per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
+        return self.t_draft * (1.0 + per_token * (_CATCH_UP_WINDOW if missed > _CATCH_UP_MAX else missed))
+
+    def worth_changing(self, acceptances: list[float], k: int, new: int, optimistic: bool) -> bool:
+        """Whether drafting `new` tokens instead of `k` gains, within `horizon` steps, what its two cold passes cost
+        (always, where changes cost nothing measurable)."""
+        cost = 2 * self.switch_cost
+        if not cost:
+            return True
+        speeds = dict(self.speeds(acceptances, max(k, new), optimistic))
+        if k not in speeds or new not in speeds:
+            return True
+        t_step = self.draft_units(new) * self.t_draft + self.verify_time(new + 1, optimistic)
+        return (speeds[new] - speeds[k]) * self.tuning.horizon * t_step > cost * speeds[k]
+
+    def probe_loss(self, k: int, missed: int) -> float:
+        """Seconds a k-token probe now loses against plain decoding if nothing is accepted, with the drafter
+        `missed` tokens behind. A probe runs cold: its draft and verification as timed at earlier probes, and the
+        two plain passes after it pay the change back."""
+        draft = self.draft_cold if self.draft_cold.samples else self.draft
+        cold = self.cold.get(k + 1)
+        verify = cold.value if cold is not None and cold.samples else self.verify_time(k + 1) + self.switch_cost
+        return (self.draft_units(k) * draft.value + verify - self.verify_time(1) + 2 * self.switch_cost
+                + self.catch_up(missed))

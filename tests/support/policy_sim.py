@@ -1,0 +1,208 @@
+"""A fake clock for draft-length policies: requests on a machine described by its cost curves, stepped the way the
+engine steps them (what a policy sees and what the clock charges follow engine.py and drafters/model.py).
+
+Times are in units of one plain target pass. Per request: the target processes the prompt; the drafter is
+prefilled only when the policy will draft first (begin(prefill=...)); each step drafts k = min(policy's k,
+budget - 1) tokens, the drafter first catching up on the tokens it missed in one batch (restarting on the last 64
+tokens when more than 128 are missing). The engine reports that catch-up, and the first token decoded with it,
+as setup, which the policy does not see; the clock charges it. Acceptance is a Bernoulli run per position.
+
+    PYTHONPATH=. python tests/support/policy_sim.py   # auto against plain and every fixed k on CPU-like and GPU-like machines
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
+
+WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    verify: Callable[[int], float]      # one target pass over n tokens
+    draft_cost: float                   # one draft token (one draft pass over one token)
+    prefill_per_token: float            # target prompt processing per token (batched)
+    noise: float = 0.0                  # relative timing noise (uniform +-), for a shared machine
+    spikes: float = 0.0                 # chance that a phase takes 5x its time (another process took the cores)
+    switch: tuple = (0.0, 0.0)          # extra time of the first and second target pass after its batch size
+                                        # changed (a GPU re-captures its CUDA graph: one pass uncaptured, one captured)
+    draft_switch: float = 0.0           # extra draft time of a step whose draft length differs from the last one's
+    first_draft: float = 0.0            # extra draft time of a request's first draft (attaching its sampler)
+    gpu: bool = False                   # load_pair warms the pair up and measures its costs (Pair.warm_up)
+
+    def verify_at(self, n: int, same_before: int) -> float:
+        """A target pass over n tokens after `same_before` passes of that size in a row."""
+        extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
+        return self.verify(n) + extra
+
+    def costs(self, k_max: int) -> Costs:
+        """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess."""
+        return Costs({n: self.verify(n) for n in range(1, k_max + 2)}, self.draft_cost,
+                     [self.switch[0], self.switch[1]] * (k_max + 1))
+
+    def draft_batch(self, n: int) -> float:
+        """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
+        return self.draft_cost if n <= 1 else self.draft_cost * (1.0 + self.prefill_per_token * (n - 1))
+
+
+CPU = Machine("cpu v(n)=n c=0.3", lambda n: float(n), 0.3, 0.15)
+GPU = Machine("gpu v(n)=1+0.12(n-1) c=0.05", lambda n: 1.0 + 0.12 * (n - 1), 0.05, 0.01, gpu=True)
+
+
+@dataclass
+class RunResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: list = field(default_factory=list)       # per request: prompt, drafter prefill, first step
+    drafted: int = 0
+    draft_prefills: int = 0                        # requests whose drafter was prefilled before the first step
+    shadows: int = 0                               # shadow probes
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds
+
+
+class Load:
+    """How much slower than usual the machine runs at each moment (bins of one plain pass): the same pattern for
+    every policy run with one seed, so that comparisons see the same interference."""
+
+    def __init__(self, machine: Machine, seed: int):
+        self.machine, self.rng, self.bins = machine, random.Random(seed ^ 0x5EED), []
+
+    def factor(self, now: float) -> float:
+        m = self.machine
+        while len(self.bins) <= int(now):
+            f = 1.0 + m.noise * (2 * self.rng.random() - 1) if m.noise else 1.0
+            self.bins.append(f * (5.0 if m.spikes and self.rng.random() < m.spikes else 1.0))
+        return self.bins[int(now)]
+
+
+def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
+             max_tokens: int = 64, seed: int = 0, run_on: float | None = None) -> RunResult:
+    """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
+    token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
+    `run_on` once the one before it was (greedy decoding, where agreement comes in runs)."""
+    rng, load = random.Random(seed), Load(machine, seed)
+    out = RunResult()
+    hooks = Hooks(policy)   # as Pair.set_policy takes a policy
+    hooks.attach("per_token", machine.costs(policy.k_max) if machine.gpu else None)
+
+    def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
+        return seconds * load.factor(out.seconds)
+
+    for _ in range(requests):
+        start = out.seconds
+        hooks.new_request()
+        out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
+        history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
+        in_draft = 0                        # history tokens the drafter holds
+        if policy.next_draft_len() > 0:     # begin(prefill=True): the drafter catches up before the first step
+            out.seconds += spend(machine.draft_batch(history))
+            in_draft = history
+            out.draft_prefills += 1
+        n_out, size, same = 0, 0, 0           # the target's last batch size and how often in a row
+        last_k, drafted_yet = 0, False
+        while n_out < max_tokens:
+            k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
+            shadow = not k and hooks.shadow_len() > 0
+            setup = draft = 0.0
+            if k or shadow:
+                missing = history - in_draft
+                if missing > MAX_CATCHUP:
+                    missing = min(history, WINDOW)
+                first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
+                rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0)
+                             + (0.0 if drafted_yet else machine.first_draft))
+                drafted_yet = True
+                setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
+                out.seconds += first + rest
+            if shadow:   # judged against the token the target emits; the target's pass stays one token
+                hooks.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
+                out.shadows += 1
+                setup = draft = 0.0
+            last_k = k
+            same = same + 1 if size == k + 1 else 0
+            size = k + 1
+            verify = spend(machine.verify_at(k + 1, same))
+            out.seconds += verify
+            accepted = 0
+            while accepted < k and rng.random() < (acceptance if run_on is None or not accepted else run_on):
+                accepted += 1
+            policy.update(k, accepted, draft, verify)
+            if n_out == 0:
+                out.ttft.append(out.seconds - start)
+            n_out += min(accepted + 1, max_tokens - n_out)
+            history += 1 + accepted
+            in_draft = history if k or shadow else in_draft   # after accepted(n) the drafter holds the new history
+            out.drafted += k
+        out.tokens += n_out
+    return out
+
+
+def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> dict:
+    """auto, plain and every fixed k on the same machine, load pattern and acceptance."""
+    runs = {"plain": simulate(FixedPolicy(0), machine, acceptance, **kwargs),
+            "auto": simulate(make_policy("auto", k=k_max), machine, acceptance, **kwargs)}
+    for k in range(1, k_max + 1):
+        runs[f"k={k}"] = simulate(FixedPolicy(k), machine, acceptance, **kwargs)
+    best = max((name for name in runs if name.startswith("k=")), key=lambda name: runs[name].throughput)
+    return {"runs": runs, "best_fixed": best}
+
+
+# Verify cost v(n) / v(1) of a 32B-shaped Q4_0 target on an H200 (benchmarks/results/h200-cost-curve.json); the
+# 2-layer drafts cost 0.046 of a target token, the 0.5B-shaped one 0.119.
+H200_V = [1.0, 1.07, 1.23, 1.42, 1.58, 1.77, 1.89, 2.11, 2.26, 2.31, 2.31, 2.30, 2.33, 2.35, 2.34, 2.33, 2.55]
+H200 = Machine("h200 curve c=0.046", lambda n: H200_V[n - 1], 0.046, 0.01, gpu=True)
+H200_BIG_DRAFT = Machine("h200 curve c=0.119", lambda n: H200_V[n - 1], 0.119, 0.01, gpu=True)
+# the same with llama.cpp's CUDA graphs as measured on the H200 (benchmarks/results/h200-switch-cost.md): the two
+# passes after a change of batch size take 0.34 and 0.46 of a plain pass more, the draft 0.3 more at a change
+GRAPHS = dict(switch=(0.34, 0.46), draft_switch=0.3, gpu=True)
+H200_GRAPHS = Machine("h200 curve c=0.046, graphs", lambda n: H200_V[n - 1], 0.046, 0.01, **GRAPHS)
+H200_GRAPHS_BIG_DRAFT = Machine("h200 curve c=0.119, graphs", lambda n: H200_V[n - 1], 0.119, 0.01, **GRAPHS)
+# a 27B qwen35-shaped hybrid target with its MTP head on the H200 (results/h200-auto-before-after.md: fixed k=2 and
+# k=3 verified in 1.34 and 1.59 plain passes, a drafted token 0.11, a cold pass 0.6-1.0 plain passes slower)
+V27 = [1.0, 1.09, 1.34, 1.59, 1.70, 1.82, 1.94, 2.06, 2.18, 2.30, 2.42, 2.54, 2.66]
+H200_MTP = Machine("h200 27B hybrid + MTP c=0.11, graphs", lambda n: V27[n - 1], 0.11, 0.01,
+                   switch=(0.7, 0.7), draft_switch=0.1, gpu=True)
+# the real 2-core CPU pair's costs (a perfect draft about breaks even), on a shared machine: +-30% timing noise,
+# 2% of moments five times slower
+SHARED_CPU = Machine("cpu v(n)=1+0.45(n-1) c=0.58, shared", lambda n: 1.0 + 0.45 * (n - 1), 0.58, 0.15,
+                     noise=0.3, spikes=0.02)
+CHAT, LONG = dict(requests=12, max_tokens=64), dict(requests=4, max_tokens=128)
+TABLE = [(CPU, CHAT, (1.0, 0.7, 0.0)), (SHARED_CPU, CHAT, (0.9, 0.5)), (GPU, LONG, (1.0, 0.7, 0.0)),
+         (H200, LONG, (1.0, 0.7)), (H200_BIG_DRAFT, LONG, (0.0,)), (H200_GRAPHS, LONG, (1.0, 0.7)),
+         (H200_GRAPHS_BIG_DRAFT, LONG, (0.0,)), (H200_MTP, LONG, (0.8, 0.6))]
+
+
+def main(seeds: int = 5) -> None:
+    print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
+    print()
+    print("| machine | acceptance | auto / plain | best fixed k / plain | auto / best fixed | auto drafted | "
+          "max TTFT auto / plain |")
+    print("|---|---|---|---|---|---|---|")
+    for machine, shape, acceptances in TABLE:
+        for acceptance in acceptances:
+            vs_plain, vs_best, best_vs_plain, drafted, ttft, bests = [], [], [], [], [], set()
+            for seed in range(seeds):
+                result = compare(machine, acceptance, seed=seed, **shape)
+                runs, best = result["runs"], result["best_fixed"]
+                auto, plain = runs["auto"], runs["plain"]
+                vs_plain.append(auto.throughput / plain.throughput)
+                vs_best.append(auto.throughput / runs[best].throughput)
+                best_vs_plain.append(runs[best].throughput / plain.throughput)
+                drafted.append(auto.drafted)
+                ttft.append(max(a / b for a, b in zip(auto.ttft, plain.ttft)))
+                bests.add(best)
+            cell = lambda xs: f"{sum(xs) / len(xs):.3f} [{min(xs):.3f}]"  # noqa: E731
+            print(f"| {machine.name} | {acceptance:.1f} | {cell(vs_plain)} | {'/'.join(sorted(bests))} "
+                  f"{cell(best_vs_plain)} | {cell(vs_best)} | {sum(drafted) / len(drafted):.0f} | "
+                  f"{max(ttft):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
