@@ -91,5 +91,5 @@ def _take(response, chunks, start: int, end: int) -> tuple[bytes, int]:
         if len(out) >= want:
             break
     if not file_size:
-        raise RegistryError(f"{url}: the server did not say how large the file is")
+        raise RegistryError(f"{response.url}: the server did not say how large the file is")
     return bytes(out[:want]), file_size
