@@ -42,7 +42,7 @@ KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("model", "draft-simple", "draft", "model:ModelDrafter"),
     DrafterKind("lookup", "ngram-simple", "prompt", "lookup:PromptLookupDrafter"),
     DrafterKind("lookup+model", None, "draft", "lookup:CombinedDrafter", parts=("lookup", "model")),
-    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", sidecar="mtp-"),
+    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", title="an MTP head", sidecar="mtp-"),
     DrafterKind("lookup+mtp", None, "mtp", "lookup:CombinedDrafter", parts=("lookup", "mtp")),
     DrafterKind("eagle3", "draft-eagle3", "hidden", "eagle3:Eagle3Drafter", title="an EAGLE-3 draft",
                 sidecar="eagle3-"),
@@ -64,17 +64,27 @@ def drafter_kind(name: str) -> DrafterKind:
     return KINDS[name]
 
 
-def kind_for_file(kind: str, draft_arch: str, path) -> str:
-    """The drafter for a draft file of `draft_arch`: a file of a kind's own architecture picks that kind when the
-    default ("model") was asked for; any other mix of kind and file is refused."""
-    own = KINDS.get(draft_arch)
-    if own is not None and own.draft_file == "arch":
-        if kind in ("model", own.name):
+def kind_for_file(kind: str, file_kind: str | None, draft_arch: str, path) -> str:
+    """The drafter for a draft file that selects `file_kind` (gguf.spec_kind: "mtp" for a separate MTP head file,
+    "eagle3", "dflash", or None for a draft model of `draft_arch`), as llama.cpp picks it: the file's kind when the
+    default ("model") was asked for, "lookup+<kind>" for "lookup+model" where that combination exists, the asked
+    kind when it is the file's or holds it; any other mix of kind and file is refused."""
+    own = KINDS.get(file_kind) if file_kind else None
+    if own is not None:
+        if kind == "model" or kind == own.name:
             return own.name
+        parts = KINDS[kind].parts if kind in KINDS else ()
+        if own.name in parts:
+            return kind
+        if parts and "model" in parts and tuple(own.name if p == "model" else p for p in parts) in COMBINATIONS:
+            return COMBINATIONS[tuple(own.name if p == "model" else p for p in parts)]
         raise InvalidParameterError(f"{path} is {own.title}: use drafter {own.name!r}, not {kind!r}",
                                     param="drafter")
     asked = drafter_kind(kind)
     if asked.draft_file == "arch":
         raise InvalidParameterError(f"drafter {kind!r} needs {asked.title} GGUF (architecture {kind!r}); {path} is a "
                                     f"{draft_arch!r} model", param="drafter")
+    if asked.source == "mtp":
+        raise InvalidParameterError(f"drafter {kind!r} drafts with an MTP head: the target's own, or a head file "
+                                    f"(mtp-*.gguf); {path} is a {draft_arch!r} model without one", param="drafter")
     return kind

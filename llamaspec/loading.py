@@ -13,6 +13,7 @@ from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from .gguf.hidden_pair import check_hidden_pair
 from .gguf.compat import check_pair
 from .gguf.reader import ModelInfo, read_model_info
+from .gguf.spec_kind import has_mtp_head, spec_kind
 from .kinds import drafter_kind, kind_for_file
 from .policy import DraftPolicy, policy_for
 
@@ -61,9 +62,12 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
     kind = drafter_kind(config.drafter)
+    if draft is None and kind.source == "mtp" and not has_mtp_head(target_info):
+        draft = sibling_mtp_head(target_info.path)   # the head beside the model (mtp-<model>.gguf), or None
     if draft is not None:
         draft_info = read_model_info(draft)
-        kind = drafter_kind(kind_for_file(kind.name, draft_info.arch, draft_info.path))
+        file_kind = spec_kind(draft_info)          # the kind the file selects; config.drafter only overrides
+        kind = drafter_kind(kind_for_file(kind.name, file_kind, draft_info.arch, draft_info.path))
         config = config.replace(drafter=kind.name)   # the pair keeps its config as resolved
         check_pair(target_info, draft_info)
         check_hidden_pair(target_info, draft_info)
@@ -72,7 +76,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     if policy_obj is None:
         policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
     if kind.source == "mtp":
-        _check_mtp_header(target_info, draft, kind.name)
+        _check_mtp_header(target_info if draft_info is None else draft_info)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
     speculative = draft is not None or kind.name != "model"
 
@@ -119,7 +123,15 @@ def _draft_context(source: str, target_ctx, draft: str | None, draft_info: Model
     if source == "mtp":
         from .backend.mtp import MTPContext
 
-        return MTPContext(target_ctx)
+        if draft is None:
+            return MTPContext(target_ctx)
+        # a head file of its own: loaded as the draft (placed as one), run over the target's context
+        head = Model(draft, config.draft_config().replace(load_mtp=True, n_rs_seq=0), info=draft_info)
+        try:
+            return MTPContext(target_ctx, head)
+        except BaseException:
+            head.close()
+            raise
     if draft is None or source == "prompt":   # prompt lookup drafts from the history: a draft file goes unused
         return None
     draft_config = config.draft_config().replace(n_rs_seq=0)  # drafting decodes single tokens: no snapshots
@@ -175,15 +187,23 @@ def check_placement(info: ModelInfo, config: ModelConfig, found) -> None:
     bounds.check("main_gpu", config.main_gpu, known)
 
 
-def _check_mtp_header(info: ModelInfo, draft: str | None, drafter: str) -> None:
-    """The MTP drafters need a target whose file carries the head, and no draft model."""
-    if draft is not None:
-        raise InvalidParameterError(f"the {drafter} drafter drafts with the target's own MTP head; give no draft "
-                                    f"model ({draft})", param="drafter")
-    if info.n_layer_nextn <= 0:
-        raise UnsupportedModelError(f"{info.path}: no multi-token-prediction (MTP) head in this file "
-                                    f"({info.arch}.nextn_predict_layers is 0); draft with a model (-md) or "
-                                    "--lookup-only")
+def sibling_mtp_head(target) -> str | None:
+    """An MTP head file beside `target` (ggml-org's layout: `mtp-<model>-Q8_0.gguf` in the model's folder), the one
+    whose quantization is closest to the model's, as llama.cpp picks a repo's sidecar; None without one."""
+    from .hub.hf_repo import RepoFile, best_sibling
+
+    folder = Path(target).parent
+    files = [RepoFile(p.name) for p in sorted(folder.glob("mtp-*.gguf")) if p.is_file()]
+    found = best_sibling(files, Path(target).name, "mtp-")
+    return str(folder / found.path) if found is not None else None
+
+
+def _check_mtp_header(info: ModelInfo) -> None:
+    """The MTP drafters need a head llama.cpp can run: in the target's file or in a head file of its own."""
+    if not has_mtp_head(info):
+        raise UnsupportedModelError(f"{info.path}: no multi-token-prediction (MTP) head in this file (no "
+                                    f"blk.{info.n_layer - 1}.nextn tensors) and no mtp-*.gguf head file beside it; "
+                                    "draft with a model (-md), a head file (-md mtp-<model>.gguf) or --lookup-only")
     from .backend.mtp import MTP_GRAPH_ARCHS
 
     if info.arch not in MTP_GRAPH_ARCHS:

@@ -66,12 +66,16 @@ class MTPContext(Context):
     position in an empty cache), for when the hidden states of the positions before p are gone.
     """
 
-    def __init__(self, target_ctx: Context):
-        model = target_ctx.model
+    def __init__(self, target_ctx: Context, head=None):
+        model = target_ctx.model if head is None else head   # head: a separate head file's Model (a sidecar)
         why = mtp_unsupported(model)
+        if why is None and model.n_embd_out != target_ctx.model.n_embd_out:
+            why = (f"{model.path}: its MTP head reads {model.n_embd_out}-wide hidden states, the target "
+                   f"{target_ctx.model.path} makes {target_ctx.model.n_embd_out}-wide ones: not this target's head")
         if why is not None:
             raise UnsupportedModelError(why)
         self.target = target_ctx
+        self.head = head               # a file of its own: closed with the context
         self._target_ptr = target_ctx._ptr
         options = target_ctx.options.replace(n_ctx=target_ctx.n_ctx, n_batch=target_ctx.n_batch, n_rs_seq=0)
         try:
@@ -102,6 +106,12 @@ class MTPContext(Context):
         masked = model.info.arch in MTP_OUTPUT_ROWS_ARCHS
         nextn_functions()[0].llama_set_embeddings_nextn(self._ptr, True, masked)   # its own state, to chain drafts
         target_ctx.enable_hidden_rows()  # the target's rows, to follow it
+
+    def close(self) -> None:
+        super().close()
+        if self.head is not None:      # a sidecar head: its model goes with its context
+            self.head.close()
+            self.head = None
 
     def _configure(self, params) -> None:
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP

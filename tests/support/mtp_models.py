@@ -104,3 +104,38 @@ def make_mtp_model(arch: str, out_dir: str | os.PathLike, head: str = "random", 
         add_mtp_block(trunk, part, head=head, stdev=stdev, trunk_mix=trunk_mix)
         part.rename(out)
     return out
+
+
+def split_mtp_head(src: str | os.PathLike, trunk_dst: str | os.PathLike, head_dst: str | os.PathLike) -> None:
+    """Split a model with one MTP block (the file's last) the way ggml-org ships such models: `trunk_dst`, the model
+    without the block (nextn_predict_layers 0), and `head_dst`, the head alone (the block, the token embeddings and
+    the output norm and head; the header as the source's, so block_count still counts the trunk's blocks)."""
+    r = GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    n_layer = r.fields[f"{arch}.block_count"].contents()
+    head = f"blk.{n_layer - 1}."
+    for dst, is_head in ((trunk_dst, False), (head_dst, True)):
+        w = GGUFWriter(str(dst), arch)
+        for key, field in r.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            if field.types[0] == GGUFValueType.ARRAY and len(field.types) < 2:
+                continue
+            value = field.contents()
+            if not is_head:
+                if key == f"{arch}.block_count":
+                    value = n_layer - 1
+                elif key == f"{arch}.nextn_predict_layers":
+                    value = 0
+                elif key == f"{arch}.attention.recurrent_layers" and isinstance(value, list):
+                    value = value[:-1]
+            sub = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+            w.add_key_value(key, value, field.types[0], sub_type=sub)
+        for t in r.tensors:
+            in_head = t.name.startswith(head) or not t.name.startswith("blk.")
+            if (in_head if is_head else not t.name.startswith(head)):
+                w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
