@@ -132,3 +132,34 @@ def test_a_fork_dflash_file_is_refused_naming_what_to_download(files, tmp_path, 
     result = CliRunner().invoke(main, ["check", str(trunk), str(draft), "--vram", "24"])
     assert result.exit_code != 0 and "Qwen3.6-27B-DFlash-Q8_0.gguf" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("how", [["-md", "HEAD"], ["--spec-type", "draft-mtp"]])
+def test_cli_drafts_with_a_head_file_given_or_beside_the_target(files, how):
+    import json
+
+    from llamaspec.cli import main
+
+    _, trunk, head = files
+    args = ["run", "-m", str(trunk), *[str(head) if a == "HEAD" else a for a in how], "--draft-max", "3",
+            "--policy", "fixed", "-c", "256", "-t", "2", "--no-repack", "-n", "12", "--raw", "--json", "x"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["drafter"] == "mtp" and out["draft"] == str(head) and out["stats"]["accepted"] > 0
+    check = CliRunner().invoke(main, ["check", str(trunk), str(head), "--vram", "24"])
+    assert check.exit_code == 0 and "drafts as --spec-type draft-mtp" in check.output
+
+
+def test_a_registry_entry_with_a_head_file_keeps_it_when_the_head_drafts():
+    from llamaspec.cli.pair_choice import resolve_model_paths
+    from unittest import mock
+
+    with mock.patch("llamaspec.hub.registry.resolve_pair",
+                    return_value=("/m/Q-Q4_K_M.gguf", "/m/mtp-Q-Q8_0.gguf", {"drafter": "mtp"})):
+        _, draft, _ = resolve_model_paths({"pair_name": "p", "spec_type": "draft-mtp"})
+    assert draft == "/m/mtp-Q-Q8_0.gguf"
+    with mock.patch("llamaspec.hub.registry.resolve_pair",
+                    return_value=("/m/Q-Q4_K_M.gguf", "/m/Q-DFlash.gguf", {"drafter": "dflash"})):
+        _, draft, _ = resolve_model_paths({"pair_name": "p", "spec_type": "draft-mtp"})
+    assert draft is None           # the target's own head drafts: the entry's DFlash draft is not loaded

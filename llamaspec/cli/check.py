@@ -8,6 +8,7 @@ import click
 
 from . import main
 from ..config import CACHE_TYPES, FLASH_ATTN_MODES, LoadConfig, ModelConfig
+from ..kinds import KINDS
 from .options import Command, fail, handle_errors, hf_options
 from .pair_choice import hf_refs
 
@@ -149,6 +150,9 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
 
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
     from ..backend.model import check_loads
+    from ..gguf.spec_kind import spec_kind
+
+    draft_kind = spec_kind(draft_info) if draft_info is not None else None   # refuses what cannot draft at all
 
     for info in (target_info, draft_info):   # llama.cpp's own refusals, as `run` meets them (no weights read)
         if info is not None and Path(info.path).is_file():   # a header read from the hub has no file here
@@ -173,7 +177,10 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
                        f"trained context {info.n_ctx_train})")
             click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
             if role == "target":
-                click.echo(f"{'':<8}MTP head: {describe_mtp_head(mtp)}")
+                head = "in the draft file" if draft_kind == "mtp" else describe_mtp_head(mtp)
+                click.echo(f"{'':<8}MTP head: {head}")
+            elif draft_kind is not None:
+                click.echo(f"{'':<8}drafts as --spec-type {KINDS[draft_kind].spec_type} (from its header)")
     report = compatibility_report(target_info, draft_info) if draft_info is not None else None
     if report is not None:
         click.echo()

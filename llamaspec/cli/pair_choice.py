@@ -98,8 +98,9 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
     if opts.get("no_draft") or plain:
         draft = None
         defaults = {k: v for k, v in defaults.items() if k != "drafter"}   # plain decoding: nothing drafts
-    elif drafter in MTP_DRAFTERS and not opts.get("model_draft"):
-        draft = None          # the target's head drafts: a --pair entry's draft model is not loaded
+    elif drafter in MTP_DRAFTERS and not opts.get("model_draft") and defaults.get("drafter") not in MTP_DRAFTERS:
+        draft = None          # the target's head drafts: a --pair entry's draft model is not loaded (an MTP
+                              # entry's draft is its head file, kept)
     return str(target), (str(draft) if draft else None), defaults
 
 
