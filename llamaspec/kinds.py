@@ -85,6 +85,7 @@ def kind_for_file(kind: str, file_kind: str | None, draft_arch: str, path) -> st
         raise InvalidParameterError(f"drafter {kind!r} needs {asked.title} GGUF (architecture {kind!r}); {path} is a "
                                     f"{draft_arch!r} model", param="drafter")
     if asked.source == "mtp":
-        raise InvalidParameterError(f"drafter {kind!r} drafts with an MTP head: the target's own, or a head file "
-                                    f"(mtp-*.gguf); {path} is a {draft_arch!r} model without one", param="drafter")
+        raise InvalidParameterError(f"drafter {kind!r} drafts with the target's own MTP head or a head file "
+                                    f"(mtp-*.gguf); {path} is a {draft_arch!r} model, not a head file",
+                                    param="drafter")
     return kind

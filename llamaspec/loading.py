@@ -199,15 +199,19 @@ def sibling_mtp_head(target) -> str | None:
 
 
 def _check_mtp_header(info: ModelInfo) -> None:
-    """The MTP drafters need a head llama.cpp can run: in the target's file or in a head file of its own."""
-    if not has_mtp_head(info):
+    """The MTP drafters need a head llama.cpp can run: in the target's file or in a head file of its own. The tensor
+    list says whether there is one; a header that claims heads llama.cpp cannot run is refused as well (loading it
+    to draft would abort)."""
+    has_head = has_mtp_head(info)
+    if has_head or info.n_layer_nextn > 0:
+        from .backend.mtp import MTP_GRAPH_ARCHS
+
+        if info.arch not in MTP_GRAPH_ARCHS:
+            raise UnsupportedModelError(f"{info.path}: llama.cpp has no MTP graph for the {info.arch} architecture")
+        if info.n_layer_nextn > 1:
+            raise UnsupportedModelError(f"{info.path}: {info.n_layer_nextn} chained MTP heads; llamaspec drafts with "
+                                        "a single head only")
+    if not has_head:
         raise UnsupportedModelError(f"{info.path}: no multi-token-prediction (MTP) head in this file (no "
                                     f"blk.{info.n_layer - 1}.nextn tensors) and no mtp-*.gguf head file beside it; "
                                     "draft with a model (-md), a head file (-md mtp-<model>.gguf) or --lookup-only")
-    from .backend.mtp import MTP_GRAPH_ARCHS
-
-    if info.arch not in MTP_GRAPH_ARCHS:
-        raise UnsupportedModelError(f"{info.path}: llama.cpp has no MTP graph for the {info.arch} architecture")
-    if info.n_layer_nextn > 1:
-        raise UnsupportedModelError(f"{info.path}: {info.n_layer_nextn} chained MTP heads; llamaspec drafts with a "
-                                    "single head only")
