@@ -13,8 +13,8 @@ from .errors import InvalidParameterError
 # what drafts, and so what load_pair makes and checks for it:
 #   "prompt"  the prompt and history themselves (prompt lookup): no draft file, no context
 #   "draft"   a draft model of the target's vocabulary (header check: llama.cpp's vocabulary rule), its own context
-#   "mtp"     the target's own multi-token-prediction head (header check: the target carries one head that
-#             llama.cpp can run), a context over the target's (backend.mtp.MTPContext)
+#   "mtp"     a multi-token-prediction head, the target's own or a head file of its own (mtp-*.gguf; header check:
+#             one head that llama.cpp can run), a context over the target's (backend.mtp.MTPContext)
 #   "hidden"  a draft file of the kind's own architecture that reads the target's hidden states (header checks:
 #             the vocabulary rule and gguf.hidden_pair), a context bound to the target's (backend.hidden)
 SOURCES = ("prompt", "draft", "mtp", "hidden")
