@@ -163,3 +163,18 @@ def test_a_registry_entry_with_a_head_file_keeps_it_when_the_head_drafts():
                     return_value=("/m/Q-Q4_K_M.gguf", "/m/Q-DFlash.gguf", {"drafter": "dflash"})):
         _, draft, _ = resolve_model_paths({"pair_name": "p", "spec_type": "draft-mtp"})
     assert draft is None           # the target's own head drafts: the entry's DFlash draft is not loaded
+
+
+@pytest.mark.parametrize("arch, tensor, expected", [("dflash", "fc.weight", "dflash"), ("eagle3", "fc.weight", "eagle3"),
+                                                    ("dflash", "markov_w1.weight", "DSpark")])
+def test_the_architecture_names_a_hidden_state_draft(tmp_path, arch, tensor, expected):
+    w = GGUFWriter(str(tmp_path / "d.gguf"), arch)
+    w.add_uint32(f"{arch}.block_count", 1)
+    w.add_tensor(tensor, np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    info = read_model_info(tmp_path / "d.gguf")
+    if expected == "DSpark":      # llama.cpp's DFlash with a Markov head: no drafter for it here
+        with pytest.raises(UnsupportedModelError, match="DSpark"):
+            spec_kind(info)
+    else:
+        assert spec_kind(info) == expected
