@@ -149,6 +149,8 @@ def test_cli_drafts_with_a_head_file_given_or_beside_the_target(files, how):
     assert out["drafter"] == "mtp" and out["draft"] == str(head) and out["stats"]["accepted"] > 0
     check = CliRunner().invoke(main, ["check", str(trunk), str(head), "--vram", "24"])
     assert check.exit_code == 0 and "drafts as --spec-type draft-mtp" in check.output
+    alone = CliRunner().invoke(main, ["check", str(trunk), "--vram", "24"])
+    assert alone.exit_code == 0 and f"{head.name} beside it drafts with --spec-type draft-mtp" in alone.output
 
 
 def test_a_registry_entry_with_a_head_file_keeps_it_when_the_head_drafts():
@@ -165,7 +167,8 @@ def test_a_registry_entry_with_a_head_file_keeps_it_when_the_head_drafts():
     assert draft is None           # the target's own head drafts: the entry's DFlash draft is not loaded
 
 
-@pytest.mark.parametrize("arch, tensor, expected", [("dflash", "fc.weight", "dflash"), ("eagle3", "fc.weight", "eagle3"),
+@pytest.mark.parametrize("arch, tensor, expected", [("dflash", "fc.weight", "dflash"),
+                                                    ("eagle3", "fc.weight", "eagle3"),
                                                     ("dflash", "markov_w1.weight", "DSpark")])
 def test_the_architecture_names_a_hidden_state_draft(tmp_path, arch, tensor, expected):
     w = GGUFWriter(str(tmp_path / "d.gguf"), arch)
