@@ -149,6 +149,9 @@ def test_cli_drafts_with_a_head_file_given_or_beside_the_target(files, how):
     assert out["drafter"] == "mtp" and out["draft"] == str(head) and out["stats"]["accepted"] > 0
     check = CliRunner().invoke(main, ["check", str(trunk), str(head), "--vram", "24"])
     assert check.exit_code == 0 and "drafts as --spec-type draft-mtp" in check.output
+    # the head file's memory is the head's own (its header counts the trunk's blocks, which are not in it)
+    assert "drafting with the head file (--spec-type draft-mtp) adds" in check.output
+    assert "vocabulary type" in check.output
     alone = CliRunner().invoke(main, ["check", str(trunk), "--vram", "24"])
     assert alone.exit_code == 0 and f"{head.name} beside it drafts with --spec-type draft-mtp" in alone.output
 

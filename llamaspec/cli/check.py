@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -169,13 +170,18 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     n_ctx, n_gpu_layers = config.target.n_ctx, config.target.n_gpu_layers
     draft_n_gpu_layers = config.draft.n_gpu_layers if config.draft is not None else None
     mtp = mtp_head_memory(target_info, Settings.of(config.target))
+    head_file = draft_info if draft_kind == "mtp" else None   # its blocks before the head are not there: no model
+    if head_file is not None:                                  # plan, the head's own line (all of its weights)
+        mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
+        draft_info = None
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
                            n_rs_seq=rs_snapshots(config.target, policy_for(config.drafting)))
-    for role, info in (("target", target_info), ("draft", draft_info)):
+    for role, info in (("target", target_info), ("draft", draft_info or head_file)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
                        f"trained context {info.n_ctx_train})")
-            click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
+            if info is not head_file:     # a head file's context is a plain KV cache
+                click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
             if role == "target":
                 head = "in the draft file" if draft_kind == "mtp" else describe_mtp_head(mtp)
                 local = Path(info.path).is_file()
@@ -185,7 +191,8 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
                 click.echo(f"{'':<8}MTP head: {head}")
             elif draft_kind is not None:
                 click.echo(f"{'':<8}drafts as --spec-type {KINDS[draft_kind].spec_type} (from its header)")
-    report = compatibility_report(target_info, draft_info) if draft_info is not None else None
+    drafting_file = draft_info or head_file
+    report = compatibility_report(target_info, drafting_file) if drafting_file is not None else None
     if report is not None:
         click.echo()
         print_compatibility(report)
@@ -195,8 +202,10 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     click.echo()
     print_plan(plan, source)
     if mtp is not None and draft_info is None:
-        spare = plan.vram_bytes - plan.gpu_bytes - mtp.kv_cache - mtp.compute
-        click.echo(f"  drafting with the MTP head (--spec-type draft-mtp) adds {gib(mtp.kv_cache + mtp.compute)} "
+        added = mtp.kv_cache + mtp.compute + (mtp.weights if head_file is not None else 0)
+        spare = plan.vram_bytes - plan.gpu_bytes - added
+        what = "the head file" if head_file is not None else "the MTP head"
+        click.echo(f"  drafting with {what} (--spec-type draft-mtp) adds {gib(added)} "
                    "on the GPU: " + (f"fits, {gib(spare)} to spare" if spare >= 0 else f"{gib(-spare)} short"))
     full = largest_full_context(target_info, draft_info, settings, plan.vram_bytes)
     if full is None:
@@ -206,4 +215,4 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     if n_ctx > target_info.n_ctx_train > 0:
         click.echo(f"note: context {n_ctx} is beyond the target's trained context {target_info.n_ctx_train}")
     if report is not None and not report.compatible:
-        fail(f"draft {draft_info.path} cannot speculate for target {target_info.path}: {report.mismatch}")
+        fail(f"draft {drafting_file.path} cannot speculate for target {target_info.path}: {report.mismatch}")
