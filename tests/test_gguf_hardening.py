@@ -101,6 +101,7 @@ REFUSED = {
     "expert_used_without_experts": "expert_used_count is 2, more than the 0 experts",
     "expert_used_over_count": "more than the 4 experts",
     "nextn_layers_over_block_count": "nextn_predict_layers is 5",
+    "nextn_layers_not_a_number": "nextn_predict_layers is 'x', not a size",
     "rope_scaling_type_unknown": "rope.scaling.type is 'cubic'",
     "tokens_duplicate": "tokens 0 and 2 have the same text 'tok_0'",
     "tokens_empty": "tokenizer.ggml.tokens is empty",

@@ -26,7 +26,7 @@ _STRING_KEYS = ("general.architecture", "general.name", "tokenizer.ggml.model", 
 _BOOL_KEYS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
 _TOKEN_ID_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
 _SIZE_SUFFIXES = ("block_count", "context_length", "embedding_length", "attention.key_length",
-                  "attention.value_length")
+                  "attention.value_length", "nextn_predict_layers")
 # Read with get_key_or_arr(key, n_layer_all): a scalar, or exactly one value per block.
 _PER_LAYER_SUFFIXES = ("attention.head_count", "attention.head_count_kv", "feed_forward_length",
                        "expert_used_count")

@@ -344,6 +344,7 @@ CORPUS = {
     "expert_used_without_experts": _with(llama__expert_used_count=(UINT32, 2)),
     "expert_used_over_count": _with(llama__expert_count=(UINT32, 4), llama__expert_used_count=(UINT32, 8)),
     "nextn_layers_over_block_count": _with(llama__nextn_predict_layers=(UINT32, 5)),
+    "nextn_layers_not_a_number": _with(llama__nextn_predict_layers=(STRING, "x")),
     "rope_scaling_type_unknown": _with(llama__rope__scaling__type=(STRING, "cubic")),
     "rope_dimension_odd_large": _with(llama__rope__dimension_count=(UINT32, 17)),
     "key_length_differs_from_value_length": _with(llama__attention__key_length=(UINT32, 8)),
