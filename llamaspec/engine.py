@@ -55,6 +55,7 @@ class Pair:
         self._last = 0
         self.last_stats: GenerationStats | None = None
         self._target_scratch = np.zeros((0, self.n_vocab), np.float32)  # dense target rows, numpy sampling only
+        self.tree = None   # a tree.TreeVerifier while tree verification is on (tree.enable_tree)
 
     # -- properties --------------------------------------------------------------------------------------------
     @property
@@ -197,7 +198,7 @@ class Pair:
         rng = np.random.default_rng(cfg.seed)
         # shaped rows are numpy's: the target's logits come back, so nothing filters on the device
         sampling = None if cfg.greedy else Sampling(cfg, rng, device=self._device_sampling(
-            cfg if shaper is None else None, rng))
+            cfg if shaper is None and self.tree is None else None, rng))   # a tree's rows are filtered in numpy
         t_start = time.perf_counter()
         decode_before = self._decode_seconds()
         rollback_before = self._rollback_totals()
@@ -294,6 +295,8 @@ class Pair:
         ctx = self.target_ctx
         if shaper is not None:
             return functools.partial(modes.shaped, ctx, sampling, shaper, self.target.is_eog)
+        if self.tree is not None:
+            return self.tree.make(ctx, sampling, self._scratch)
         if sampling is None:
             return functools.partial(modes.greedy, ctx)
         if sampling.device:

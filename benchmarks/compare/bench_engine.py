@@ -18,6 +18,11 @@ distribution, temperature last; llamaspec with sampler_order="llama.cpp"); temp:
 is closed before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With
 --drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP
 drafting on the same file.
+
+Synthetic acceptance (benchmarking only; `--synthetic-rates P0,P1,..` or `--synthetic-len L`): the fixed-k rows keep
+draft tokens by the given per-position rates instead of by the target (llamaspec.bench.synthetic), every pass and
+rollback still real, and llama-server runs llama.cpp's own `--spec-synth-rates` / `--spec-synth-len` (the other
+peers have no such mode and say so). Plain and fixed k only; every line of such a report says "synthetic acceptance".
 """
 from __future__ import annotations
 
@@ -38,8 +43,10 @@ try:
 except ImportError:
     import peers          # run as a script: its folder is on sys.path
 from llamaspec import load_pair  # noqa: E402
+from llamaspec.errors import InvalidParameterError  # noqa: E402
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
 from llamaspec.bench import auto_state  # noqa: E402
+from llamaspec.bench.synthetic import LABEL as SYNTH, SyntheticAcceptance, parse_rates, resolve_rates  # noqa: E402
 from llamaspec.policy import AutoPolicy, make_policy  # noqa: E402
 
 CODE = [
@@ -71,6 +78,11 @@ class Row:
     verify_seconds: float = 0.0    # time verifying (v(k+1) = verify time per pass / plain's)
     rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
     shadow_probes: int = 0         # auto's probes that drafted one token without verifying it
+    synthetic: str = ""            # the synthetic acceptance it ran with (SyntheticAcceptance.label), if any
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} [{self.synthetic}]" if self.synthetic else self.mode
 
     @property
     def tps(self) -> float:
@@ -147,8 +159,14 @@ PEER_LABELS = {"speculative-simple": "llama-speculative-simple", "llama-server":
                "ik": "ik_llama.cpp llama-server"}
 
 
+def peer_label(name: str, case: peers.Case) -> str:
+    return f"{PEER_LABELS[name]} [{SYNTH}]" if case.synth else PEER_LABELS[name]
+
+
 def peer_binary(a, name: str, case: peers.Case) -> tuple[Path | None, str]:
     """The peer's binary, or why it cannot run this case."""
+    if case.synth and name not in peers.SYNTH_PEERS:
+        return None, f"{PEER_LABELS[name]} has no {SYNTH} mode (llama.cpp's --spec-synth-* are llama-server options)"
     folder, flag = (a.ik_tools, "--ik-tools") if name == "ik" else (a.tools, "--tools")
     if folder is None:
         return None, f"no {flag} folder given"
@@ -164,7 +182,7 @@ def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_
     """llama-speculative-simple, one process per prompt (its own decode timing, load excluded)."""
     out = []
     for regime in regimes:
-        res = peers.PeerResult(PEER_LABELS["speculative-simple"], k, regime.name, skipped=why)
+        res = peers.PeerResult(peer_label("speculative-simple", case), k, regime.name, skipped=why)
         out.append(res)
         for prompt in prompts if exe is not None else []:
             cmd = peers.speculative_simple_cmd(exe, case, k, regime, prompt, n_tokens)
@@ -182,7 +200,7 @@ def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_
 def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_tokens: int, timeout: float) -> list:
     """A llama-server (llama.cpp's or ik_llama.cpp's) started once for this k: one warm-up request, then every
     regime's prompts one request at a time; tokens and seconds from each response's timings."""
-    label = PEER_LABELS[name]
+    label = peer_label(name, case)
     results = {r.name: peers.PeerResult(label, k, r.name, skipped=why) for r in regimes}
     if exe is None:
         return list(results.values())
@@ -213,7 +231,8 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
 
 
 def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) -> dict:
-    """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}."""
+    """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
+    synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
     out = {}
     for regime in regimes:
         rows, states = [], []
@@ -225,12 +244,19 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) ->
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
-            rows.append(run_mode(pair, label, prompts, a.tokens, regime))
+            if a.synth and name == "fixed":
+                kind, value = a.synth
+                rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
+                with SyntheticAcceptance(pair, rates, seed=k) as synth:
+                    rows.append(run_mode(pair, label, prompts, a.tokens, regime))
+                rows[-1].synthetic = synth.label
+            else:
+                rows.append(run_mode(pair, label, prompts, a.tokens, regime))
             if steps is not None:   # what it measured explains what it chose
                 states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
                               f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
                               f"accepted/rejected, | a new request): `{''.join(steps)}`")
-            print(f"done: {regime.name} {label}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
+            print(f"done: {regime.name} {rows[-1].name}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
         where = "" if regime.greedy else \
             f"; llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
         out[regime.name] = (rows, states, where)
@@ -258,7 +284,7 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
         rollback = f"{sum(r.rollback_ms) / len(r.rollback_ms):.3f} ms" if r.rollback_ms else "-"
         per_draft = f"{1000 * r.draft_seconds / r.drafted:.2f} ms" if r.drafted else "-"
         per_pass = f"{1000 * r.verify_seconds / r.passes:.2f} ms" if r.passes else "-"
-        lines.append(f"| llamaspec {r.mode} | {r.tps:.2f} | {_ratio(r.tps, plain.tps)} | {_ratio(r.tps, peer_tps)} | "
+        lines.append(f"| llamaspec {r.name} | {r.tps:.2f} | {_ratio(r.tps, plain.tps)} | {_ratio(r.tps, peer_tps)} | "
                      f"{r.drafted} | {100 * r.acceptance:.1f}% | {tpp} | {ovh} | {step} | {rollback} | {per_draft} | "
                      f"{per_pass} | (top of the report) |")
     for r in results:
@@ -272,10 +298,11 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
                      f"{r.drafted} | {acceptance} | - | - | - | - | - | - | {command} |")
     lines += [""] + states + ([""] if states else [])
     fixed = {int(r.mode.split("=")[1]): r for r in rows if r.mode.startswith("fixed k=")}
+    synth = f" [{SYNTH}]" if any(r.synthetic for r in rows) else ""
     names = list(dict.fromkeys(r.peer for r in results))
     if fixed and names:
-        lines += ["Same draft length (tok/s; llamaspec fixed k / the peer at k):", "",
-                  "| k | llamaspec fixed k | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]
+        lines += [f"Same draft length (tok/s; llamaspec fixed k / the peer at k){synth}:", "",
+                  f"| k | llamaspec fixed k{synth} | " + " | ".join(names) + " |", "|---" * (2 + len(names)) + "|"]
         for k, mine in sorted(fixed.items()):
             cells = []
             for name in names:
@@ -304,7 +331,7 @@ def summary(regimes, llamaspec: dict, results: list) -> list[str]:
             why = next((r.skipped for r in results if r.peer == name and r.regime == regime.name), "")
             cells.append(f"{peer.tps:.2f} (k={peer.k}; llamaspec {_ratio(best.tps, peer.tps)})" if peer
                          else f"not run: {why.replace('|', '/')}")
-        lines.append(f"| {regime.name} | {plain.tps:.2f} | {best.tps:.2f} ({best.mode}; "
+        lines.append(f"| {regime.name} | {plain.tps:.2f} | {best.tps:.2f} ({best.name}; "
                      f"{_ratio(best.tps, plain.tps)} plain) | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -342,6 +369,12 @@ def main() -> None:
     ap.add_argument("--spec-type", default=None,
                     help="the peers' --spec-type [default: from the draft: draft-eagle3 for an EAGLE-3 draft, "
                          "draft-dflash for a DFlash one, else draft-simple; draft-mtp with --drafter mtp]")
+    ap.add_argument("--synthetic-rates", metavar="P0,P1,..",
+                    help=f"benchmarking only ({SYNTH}): keep draft tokens by these per-position rates, one per "
+                         "draft position (--k must be their count); llama-server gets --spec-synth-rates")
+    ap.add_argument("--synthetic-len", type=float, metavar="L",
+                    help=f"benchmarking only ({SYNTH}): the same from a mean acceptance length L (tokens per "
+                         "target pass); llama-server gets --spec-synth-len")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -364,6 +397,20 @@ def main() -> None:
                 ap.error(f"--modes: {mode!r}: p= needs a number")
     if "plain" not in modes:
         modes.insert(0, "plain")   # every ratio is against it
+    a.synth = ()
+    if a.synthetic_rates is not None and a.synthetic_len is not None:
+        ap.error("--synthetic-rates and --synthetic-len: one of the two")
+    if a.synthetic_rates is not None or a.synthetic_len is not None:
+        a.synth = ("rates", tuple(parse_rates(a.synthetic_rates))) if a.synthetic_rates is not None \
+            else ("len", a.synthetic_len)
+        modes = ["plain", "fixed"]   # a policy would learn from acceptance that is not there
+        try:
+            for k in ks:
+                kind, value = a.synth
+                resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
+                peers.synth_flags(a.synth, k)
+        except (ValueError, InvalidParameterError) as e:
+            ap.error(str(e))
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     if a.spec_type is None:  # the same drafter llamaspec picks for this file
@@ -372,7 +419,8 @@ def main() -> None:
         arch = read_model_info(a.draft).arch if a.draft else None
         a.spec_type = "draft-mtp" if a.draft is None else \
             {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
-    case = peers.Case(a.target, a.draft, a.spec_type, 2048, a.ngl, a.no_repack, tuple(shlex.split(a.llama_extra)))
+    case = peers.Case(a.target, a.draft, a.spec_type, 2048, a.ngl, a.no_repack, tuple(shlex.split(a.llama_extra)),
+                      a.synth)
 
     # 1. llamaspec, every regime on one load; closed before the peers load the same files
     # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for
@@ -412,7 +460,9 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
             return "none"
         return f"{Path(path).name} ({Path(path).stat().st_size / 2**30:.2f} GiB)"
 
-    lines = ["# llamaspec engine benchmark", "",
+    title = f"# llamaspec engine benchmark, {SYNTH} ({a.synth[0]} {a.synth[1]}): timing only, the text is not " \
+        "the target's" if a.synth else "# llamaspec engine benchmark"
+    lines = [title, "",
              f"- command: `{shlex.join([sys.executable, *sys.argv])}`",
              f"- target: {described(a.target)}; draft: {described(a.draft)}; drafter: {a.drafter} "
              f"(peers: {a.spec_type})",
@@ -440,14 +490,14 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
             rows = mine[regime.name][0]
             plain = next(r for r in rows if r.mode == "plain")
             table += [{"regime": regime.name, "temperature": regime.temperature, "engine": "llamaspec",
-                       "mode": r.mode, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
+                       "mode": r.mode, "synthetic": r.synthetic or None, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
                        "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance,
                        "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
                        "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
                        "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None}
                       for r in rows]
             table += [{"regime": regime.name, "temperature": regime.temperature, "engine": r.peer,
-                       "mode": f"k={r.k}", "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
+                       "mode": f"k={r.k}", "synthetic": SYNTH if a.synth else None, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
                        "drafted": r.drafted, "accepted": r.accepted, "command": r.cmd, "skipped": r.skipped or None}
                       for r in results if r.regime == regime.name]
         a.json.write_text(json.dumps(table, indent=2))

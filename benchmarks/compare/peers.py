@@ -94,6 +94,7 @@ class Case:
     n_gpu_layers: int = -1       # -1: every layer (llama.cpp's -ngl 99)
     no_repack: bool = False      # the CPU-only --no-repack (weight repacking SIGILLs on some CPUs)
     extra: tuple = ()            # flags the user asked for, passed to every llama.cpp peer as given
+    synth: tuple = ()            # synthetic acceptance (benchmarking only): llama-server's --spec-synth-* flags
 
     def model_flags(self) -> list[str]:
         ngl = str(99 if self.n_gpu_layers < 0 else self.n_gpu_layers)
@@ -109,9 +110,28 @@ def speculative_simple_cmd(exe: Path, case: Case, k: int, regime: Regime, prompt
 
 
 def server_cmd(exe: Path, case: Case, k: int, port: int) -> list[str]:
-    """llama.cpp's llama-server on the loopback interface (its default host, said explicitly)."""
+    """llama.cpp's llama-server on the loopback interface (its default host, said explicitly); with synthetic
+    acceptance, its --spec-synth-rates / --spec-synth-len for this k (synth_flags)."""
     return [str(exe), *case.model_flags(), "--spec-type", case.spec_type, "--spec-draft-n-max", str(k),
-            "--host", "127.0.0.1", "--port", str(port), *case.extra]
+            "--host", "127.0.0.1", "--port", str(port), *synth_flags(case.synth, k), *case.extra]
+
+
+# which peers have llama.cpp's synthetic acceptance (common/arg.cpp: --spec-synth-* are llama-server and llama-cli
+# options only; ik_llama.cpp has none)
+SYNTH_PEERS = ("llama-server",)
+
+
+def synth_flags(synth: tuple, k: int) -> list[str]:
+    """("rates", (P0, P1, ..)) -> --spec-synth-rates P0,P1,..; ("len", L) -> --spec-synth-len L; () -> none. Rates
+    must have k values (llama.cpp refuses other counts)."""
+    if not synth:
+        return []
+    kind, value = synth
+    if kind == "len":
+        return ["--spec-synth-len", f"{value:g}"]
+    if len(value) != k:
+        raise ValueError(f"synthetic rates have {len(value)} values, the draft length is {k}")
+    return ["--spec-synth-rates", ",".join(f"{r:g}" for r in value)]
 
 
 # llama.cpp's --spec-type -> ik_llama.cpp's stage name (its common/speculative.cpp)

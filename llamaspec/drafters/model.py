@@ -35,6 +35,7 @@ class ModelDrafter(Drafter):
         self._sampling: Sampling | None = None
         self._probs = ProbsBuffer(max(n_vocab_target, ctx.n_vocab))
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)   # for the confidence stop
+        self.branch = None   # tree verification (tree.py): called with (i, logits, q, token) for each drafted row
 
     # -- keeping in step ---------------------------------------------------------------------------------------
     def begin(self, history, sampling, p_min, prefill) -> None:
@@ -106,6 +107,8 @@ class ModelDrafter(Drafter):
             if confidence < p_min or token >= self.n_vocab_target:
                 break  # the draft is unsure (llama.cpp's p_min rule), or proposes a token the target lacks
             drafted.append(token)
+            if self.branch is not None:
+                self.branch(i, logits, dists[-1] if sampling is not None else None, token)
             if i + 1 == max_len:
                 break
             logits = self.ctx.eval([token], logits="last")[0]
