@@ -176,3 +176,28 @@ def test_greedy_tree_on_real_models_equals_plain_decoding(pair_files):
         assert pair.tree.tree_passes > 0
         assert pair.target_ctx.memory_len() == len(pair.target_ctx.tokens)   # seq 0 holds the emitted path
     assert got == plain
+
+
+# -- DFlash2 files ------------------------------------------------------------------------------------------------
+def test_a_dflash2_draft_is_refused_in_one_line_naming_what_is_missing(tmp_path):
+    """A crafted DFlash2 header (llama.cpp PR #27342's selector and convolution tensors): the pair check names the
+    selector lattice as what llamaspec's DFlash drafter lacks."""
+    from gguf import GGUFWriter
+
+    from llamaspec.gguf.hidden_pair import hidden_pair_mismatch
+    from llamaspec.gguf.reader import read_model_info
+
+    w = GGUFWriter(str(tmp_path / "d.gguf"), "dflash")
+    w.add_uint32("dflash.block_count", 1)
+    w.add_uint32("dflash.selector_top_k", 4)
+    w.add_uint32("dflash.selector_rank", 8)
+    w.add_array("dflash.target_layers", [1, 2])
+    w.add_tensor("fc.weight", np.zeros((4, 8), dtype=np.float32))
+    w.add_tensor("blk.0.attn_conv_base", np.zeros((2, 3, 8), dtype=np.float32))
+    for name in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight"):
+        w.add_tensor(name, np.zeros((8, 8), dtype=np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    target = read_model_info(tmp_path / "d.gguf")   # the target is not reached: the draft is refused first
+    reason = hidden_pair_mismatch(target, read_model_info(tmp_path / "d.gguf"))
+    assert reason is not None and "\n" not in reason
+    assert "DFlash2" in reason and "selector lattice" in reason and "draft-dflash" in reason

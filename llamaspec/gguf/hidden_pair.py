@@ -50,6 +50,9 @@ class HiddenDraftInfo:
     is_variant: str | None            # DFlash2 / DSpark / DSV4 stages: not supported here
 
 
+DFLASH2 = "DFlash2 (selector lattice)"   # llama.cpp PR #27342: selector_* tensors, dflash.selector_top_k
+
+
 def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
     """The header's account of an EAGLE-3 or DFlash draft; None for any other arch."""
     kind = draft.arch
@@ -60,7 +63,7 @@ def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
     d2t = names.get("d2t")
     variant = None
     if "selector_hidden.weight" in names:
-        variant = "DFlash2 (selector lattice)"
+        variant = DFLASH2
     elif "markov_w1.weight" in names:
         variant = "DSpark (Markov head)"
     elif draft.arch_get("hyper_connection.count"):
@@ -90,6 +93,11 @@ def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     if info is None:
         return None
     name = "an EAGLE-3" if info.kind == "eagle3" else "a DFlash"
+    if info.is_variant == DFLASH2:
+        return ("it is a DFlash2 draft (local convolution + candidate selector); the installed llama.cpp loads it, but "
+                "llamaspec's DFlash drafter does not yet read its selector lattice (the top-k candidates and "
+                "transition scores llama.cpp packs into the draft's unmasked nextn rows) and takes row argmaxes "
+                "instead; use a DFlash (v1) draft, or llama.cpp's --spec-type draft-dflash")
     if info.is_variant:
         return f"it is a {info.is_variant} draft, which llamaspec does not run (plain DFlash and EAGLE-3 only)"
     if target.arch not in TAP_ARCHS:
