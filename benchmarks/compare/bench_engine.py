@@ -375,6 +375,11 @@ def main() -> None:
     ap.add_argument("--synthetic-len", type=float, metavar="L",
                     help=f"benchmarking only ({SYNTH}): the same from a mean acceptance length L (tokens per "
                          "target pass); llama-server gets --spec-synth-len")
+    ap.add_argument("--tree", type=float, metavar="THRESHOLD",
+                    help="tree verification (llamaspec.tree, draft model + attention target): a sibling beside the "
+                         "chain where the draft's top probability is below THRESHOLD and the measured costs say it "
+                         "pays; every llamaspec row runs with it (compare with a run without --tree)")
+    ap.add_argument("--tree-siblings", type=int, default=2, help="with --tree: at most this many siblings a pass")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -432,8 +437,16 @@ def main() -> None:
     try:
         if hasattr(pair, "warm_up") and pair.target_ctx.output_on_gpu:
             pair.warm_up(longest)   # every draft length any mode will ask for
+        if a.tree is not None:
+            from llamaspec.tree import TreeSettings, enable_tree
+
+            enable_tree(pair, TreeSettings(a.tree, a.tree_siblings))   # measures the verify costs it needs
         pair.generate("warm up", max_tokens=16)
         mine = run_llamaspec(pair, a, regimes, ks, modes, prompts)
+        if a.tree is not None:
+            t = pair.tree
+            a.tree_line = (f"- tree verification: threshold {a.tree}, at most {a.tree_siblings} siblings; "
+                           f"{t.tree_passes} of {t.passes} passes were trees, {t.siblings_taken} siblings stood")
     finally:
         pair.close()
 
@@ -473,6 +486,8 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
              f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up per engine; peer "
              f"commands are shown with the first prompt (the others differ only in it); "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    if getattr(a, "tree_line", None):
+        lines.insert(-1, a.tree_line)
     if not final:
         lines += ["**Partial: the run has not finished (the peers after the last one listed are missing).**", ""]
     lines += summary(regimes, mine, results)
