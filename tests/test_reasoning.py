@@ -171,7 +171,7 @@ def test_serve_reasoning_flag_reaches_the_server(thinking_pair, monkeypatch):
             pass
 
     served = []
-    monkeypatch.setattr(sys.modules["llamaspec.cli.serve"], "load_pair_from_options", lambda opts: Unclosed())
+    monkeypatch.setattr(sys.modules["llamaspec.cli.serve"], "load_pair_from_options", lambda opts, **kw: Unclosed())
     monkeypatch.setattr(llamaspec.server, "serve", lambda app, sock, **kw: (served.append(app), sock.close()))
     help_text = CliRunner().invoke(main, ["serve", "--help"]).output
     assert "--reasoning" in help_text

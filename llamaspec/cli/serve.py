@@ -52,7 +52,7 @@ def serve(**opts):
         click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
                    "can use the model", err=True)
     sock = bind(opts["host"], opts["port"])  # a busy port fails now, not after a long model load
-    pair = load_pair_from_options(opts)
+    pair = load_pair_from_options(opts, log_loads=True)   # a log line per model, on a terminal or not
     service = None
     try:
         model_id = opts["model_id"] or opts.get("pair_name") or Path(pair.target.path).stem
