@@ -192,7 +192,8 @@ def sibling_draft(target, kind: str = "mtp") -> str | None:
     """The draft file of a kind that drafts from one (an MTP head, an EAGLE-3 or DFlash draft) beside `target`, named
     as a Hugging Face repo names its sidecars (`mtp-<model>-Q8_0.gguf`, `eagle3-...`, `dflash-...`; a combination
     such as lookup+mtp: its part's), picked as llama.cpp picks a repo's sidecar (hub.hf_repo.best_sibling: the
-    name holds the prefix; the exact quant, else the closest); None without one."""
+    exact quant, else the closest). Only names that start with the prefix count: in a folder of models, a model
+    whose name merely holds `mtp-` is not a head file. None without one."""
     from .hub.hf_repo import RepoFile, best_sibling
     from .kinds import KINDS
 
@@ -200,8 +201,7 @@ def sibling_draft(target, kind: str = "mtp") -> str | None:
     prefixes = [KINDS[name].sidecar for name in (asked.parts or (asked.name,)) if KINDS[name].sidecar]
     folder, name = Path(target).parent, Path(target).name
     for prefix in prefixes:
-        files = [RepoFile(p.name) for p in sorted(folder.glob("*.gguf")) if prefix in p.name and p.name != name
-                 and p.is_file()]
+        files = [RepoFile(p.name) for p in sorted(folder.glob(f"{prefix}*.gguf")) if p.name != name and p.is_file()]
         found = best_sibling(files, name, prefix)
         if found is not None:
             return str(folder / found.path)
