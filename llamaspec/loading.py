@@ -62,8 +62,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
     kind = drafter_kind(config.drafter)
-    if draft is None and kind.source == "mtp" and not has_mtp_head(target_info):
-        draft = sibling_mtp_head(target_info.path)   # the head beside the model (mtp-<model>.gguf), or None
+    if draft is None and (kind.draft_file == "arch" or kind.source == "mtp" and not has_mtp_head(target_info)):
+        draft = sibling_draft(target_info.path, kind.name)   # mtp-/eagle3-/dflash-<model>.gguf beside it, or None
     if draft is not None:
         draft_info = read_model_info(draft)
         file_kind = spec_kind(draft_info)          # the kind the file selects; config.drafter only overrides
@@ -72,7 +72,8 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
         check_pair(target_info, draft_info)
         check_hidden_pair(target_info, draft_info)
     elif kind.draft_file == "arch":
-        raise InvalidParameterError(f"drafter {kind.name!r} needs its draft GGUF (draft=...)", param="draft")
+        raise InvalidParameterError(f"drafter {kind.name!r} needs {kind.title} GGUF: give it (-md / draft=...) or "
+                                    f"put it beside the target as {kind.sidecar}<model>.gguf", param="draft")
     if policy_obj is None:
         policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
     if kind.source == "mtp":
@@ -187,15 +188,24 @@ def check_placement(info: ModelInfo, config: ModelConfig, found) -> None:
     bounds.check("main_gpu", config.main_gpu, known)
 
 
-def sibling_mtp_head(target) -> str | None:
-    """An MTP head file beside `target` (ggml-org's layout: `mtp-<model>-Q8_0.gguf` in the model's folder), the one
-    whose quantization is closest to the model's, as llama.cpp picks a repo's sidecar; None without one."""
+def sibling_draft(target, kind: str = "mtp") -> str | None:
+    """The draft file of a kind that drafts from one (an MTP head, an EAGLE-3 or DFlash draft) beside `target`, named
+    as a Hugging Face repo names its sidecars (`mtp-<model>-Q8_0.gguf`, `eagle3-...`, `dflash-...`; a combination
+    such as lookup+mtp: its part's), picked as llama.cpp picks a repo's sidecar (hub.hf_repo.best_sibling: the
+    exact quant, else the closest). Only names that start with the prefix count: in a folder of models, a model
+    whose name merely holds `mtp-` is not a head file. None without one."""
     from .hub.hf_repo import RepoFile, best_sibling
+    from .kinds import KINDS
 
-    folder = Path(target).parent
-    files = [RepoFile(p.name) for p in sorted(folder.glob("mtp-*.gguf")) if p.is_file()]
-    found = best_sibling(files, Path(target).name, "mtp-")
-    return str(folder / found.path) if found is not None else None
+    asked = drafter_kind(kind)
+    prefixes = [KINDS[name].sidecar for name in (asked.parts or (asked.name,)) if KINDS[name].sidecar]
+    folder, name = Path(target).parent, Path(target).name
+    for prefix in prefixes:
+        files = [RepoFile(p.name) for p in sorted(folder.glob(f"{prefix}*.gguf")) if p.name != name and p.is_file()]
+        found = best_sibling(files, name, prefix)
+        if found is not None:
+            return str(folder / found.path)
+    return None
 
 
 def _check_mtp_header(info: ModelInfo) -> None:

@@ -1,6 +1,8 @@
 """The first minutes of a new user: llama.cpp's flag names, grouped --help, the pair offered per GPU, the CPU-only
-build on a GPU machine. No model is loaded here."""
+build on a GPU machine, `chat` saying why `auto` decoded plainly. No model is loaded here."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import click
 import pytest
@@ -90,3 +92,53 @@ def test_no_model_offers_the_pair_for_the_free_vram(monkeypatch, tmp_path, gpus,
     assert default_pair_for_this_machine() == expected
     monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: False)   # a CPU-only build: small pair
     assert default_pair_for_this_machine() == "default"
+
+
+class ScriptedChatPair:
+    """What `chat`'s session uses of a pair: a template, tokenize, a stream of pieces and its statistics."""
+
+    def __init__(self, policy, drafted: int = 0):
+        self.target = SimpleNamespace(info=SimpleNamespace(chat_template="{% for m in messages %}{{ m.content }}"
+                                                           "{% endfor %}", tokens=(), bos_id=None, eos_id=None))
+        self.policy, self.speculative, self.n_ctx = policy, True, 512
+        self.drafted, self.last_stats = drafted, None
+
+    def tokenize(self, text, add_special=True):
+        return [1, 2, 3]
+
+    def stream(self, tokens, **kwargs):
+        from llamaspec.stats import GenerationStats
+        from llamaspec.text import Piece
+
+        self.last_stats = GenerationStats(policy=self.policy.name, tokens_generated=20, drafted=self.drafted,
+                                          finish_reason="length")
+        return (Piece("word ", i, False) for i in range(20))
+
+
+def _auto_on(t_draft: float, verify, accepted: bool, steps: int = 60):
+    """An `auto` policy after `steps` steps on a synthetic machine (draft cost per token, verify cost curve)."""
+    from llamaspec.policy import AutoPolicy
+
+    policy = AutoPolicy(k_max=10)
+    for _ in range(steps):
+        k = policy.next_draft_len()
+        policy.update(k, k if accepted else 0, k * t_draft, verify(k + 1))
+    return policy
+
+
+@pytest.mark.parametrize("machine, reason", [
+    (dict(t_draft=0.5, verify=float, accepted=True),                 # verifying n tokens costs n plain passes
+     "auto decoded plainly: on this machine even a draft that is always right would be only 0."),
+    (dict(t_draft=0.01, verify=lambda n: 1 + 0.01 * (n - 1), accepted=False),   # cheap drafts, all rejected
+     "auto decoded plainly: the draft's tokens were not accepted often enough to pay for drafting"),
+])
+def test_chat_says_why_auto_decoded_a_reply_plainly(machine, reason, capsys):
+    from llamaspec.cli.chat import ChatSession
+    from llamaspec.policy import FixedPolicy
+
+    session = ChatSession(ScriptedChatPair(_auto_on(**machine)), None, {"max_tokens": None})
+    session.reply("hi")
+    assert f"[{reason}" in click.unstyle(capsys.readouterr().out)
+    for pair in (ScriptedChatPair(_auto_on(**machine), drafted=6), ScriptedChatPair(FixedPolicy(4))):
+        ChatSession(pair, None, {"max_tokens": None}).reply("hi")   # it drafted, or it is not `auto`: no line
+        assert "decoded plainly" not in capsys.readouterr().out

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 from gguf import GGUFWriter
 
-from support.hf_standin import HubStandin
+from support.gguf_factory import write_out
+from support.hf_standin import HubStandin, isolate_hub
 from llamaspec.errors import RegistryError
 from llamaspec.gguf.reader import read_model_info
 from llamaspec.hub import download, hf_repo, remote
@@ -24,11 +25,7 @@ GGML_FILES = ["Qwen3.8-27B-Q4_K_M.gguf", "Qwen3.8-27B-Q8_0.gguf", "mtp-Qwen3.8-2
 
 @pytest.fixture(autouse=True)
 def isolated_hub(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
+    isolate_hub(tmp_path, monkeypatch)
 
 
 def files(*names) -> list[RepoFile]:
@@ -141,10 +138,7 @@ def write_model(path, n_tokens: int = 20_000, n_embd: int = 64, n_layer: int = 2
             writer.add_tensor(f"blk.{i}.{name}.weight", np.zeros(shape, np.float32))
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(progress=False)
-    writer.close()
+    write_out(writer)
     return path
 
 

@@ -108,8 +108,33 @@ def test_drafter_kind_and_draft_file_must_match(models):
         load_pair(str(models["base"]), str(models["dflash"]), drafter="eagle3", **SETTINGS)
     with pytest.raises(InvalidParameterError, match="needs a DFlash draft GGUF"):
         load_pair(str(models["base"]), str(models["base"]), drafter="dflash", **SETTINGS)
-    with pytest.raises(InvalidParameterError, match="needs its draft GGUF"):
+    with pytest.raises(InvalidParameterError, match="needs an EAGLE-3 draft GGUF: .* beside the target as eagle3-"):
         load_pair(str(models["base"]), drafter="eagle3", **SETTINGS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_draft_file_beside_the_target_is_found_by_its_sidecar_prefix(models, kind, tmp_path):
+    """A local target with llama.cpp's sidecar names beside it (eagle3-/dflash-<model>.gguf, as in a Hugging Face
+    repo): --spec-type draft-eagle3 / draft-dflash without -md drafts with the kind's file, of the model's quant."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+
+    target = tmp_path / "tiny-Q8_0.gguf"
+    shutil.copy(models["bigram"], target)
+    shutil.copy(models["eagle3-emulate"], tmp_path / "eagle3-tiny-Q8_0.gguf")
+    shutil.copy(models["dflash-emulate"], tmp_path / "dflash-tiny-Q8_0.gguf")
+    shutil.copy(models["dflash"], tmp_path / "dflash-tiny-Q4_0.gguf")      # random: would not be accepted
+    result = CliRunner().invoke(main, ["run", "-m", str(target), "--spec-type", f"draft-{kind}", "-c", "256", "-t",
+                                       "2", "--no-repack", "-n", "12", "--policy", "fixed", "--draft-max", "3",
+                                       "--json", "tok_1 tok_2 tok_3"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["drafter"], out["draft"]) == (kind, str(tmp_path / f"{kind}-tiny-Q8_0.gguf"))
+    assert out["stats"]["accepted"] > 0
 
 
 # -- greedy: exactly the target's output -----------------------------------------------------------------------------

@@ -136,3 +136,48 @@ def test_server_returns_reasoning_content_streamed_too_and_honours_chat_template
         assert "reasoning_content" not in answer and answer["content"]
         bad = client.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"messages": 1}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_serve_reasoning_is_the_servers_default_and_a_request_overrides_it(thinking_pair):
+    from starlette.testclient import TestClient
+
+    from llamaspec.server import ServerConfig, create_app
+
+    app = create_app(thinking_pair, ServerConfig(model_id="tiny", reasoning="off"))
+    service = app.state.service
+    service.template = service.worker.template = ChatTemplate(THINK_TEMPLATE)
+    body = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12, "temperature": 0}
+    with TestClient(app, base_url="http://localhost") as client:
+        off = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert "reasoning_content" not in off and off["content"]
+        on = client.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": True}}
+                         ).json()["choices"][0]["message"]
+        assert on["content"] == "" and on["reasoning_content"]
+
+
+def test_serve_reasoning_flag_reaches_the_server(thinking_pair, monkeypatch):
+    import sys
+
+    from click.testing import CliRunner
+
+    import llamaspec.server
+    from llamaspec.cli import main
+
+    class Unclosed:   # the module's pair outlives the command
+        def __getattr__(self, name):
+            return getattr(thinking_pair, name)
+
+        def close(self):
+            pass
+
+    served = []
+    monkeypatch.setattr(sys.modules["llamaspec.cli.serve"], "load_pair_from_options", lambda opts, **kw: Unclosed())
+    monkeypatch.setattr(llamaspec.server, "serve", lambda app, sock, **kw: (served.append(app), sock.close()))
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert "--reasoning" in help_text
+    assert "chat_template_kwargs.enable_thinking overrides" in " ".join(help_text.split())
+    for flag, expected in ((["--reasoning", "off"], {"enable_thinking": False}),
+                           (["-rea", "on"], {"enable_thinking": True}), ([], {})):
+        result = CliRunner().invoke(main, ["serve", "-m", "x.gguf", "--port", "0", *flag])
+        assert result.exit_code == 0, result.output
+        assert served.pop().state.service.worker.template_defaults == expected

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from gguf import GGUFWriter
-from support.hf_standin import COMMIT, HubStandin
+from support.gguf_factory import write_out
+from support.hf_standin import COMMIT, HubStandin, isolate_hub
 
 from llamaspec.hub import download, registry
 from llamaspec.errors import IncompatiblePairError, RegistryError
@@ -64,11 +65,7 @@ FAMILIES = (r"qwen2\.5", r"qwen3", r"llama-3", r"gemma-3")
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path, monkeypatch):
     """A fresh config dir and HF cache; any download not aimed at a stand-in hub goes to a closed port."""
-    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
+    isolate_hub(tmp_path, monkeypatch)
 
 
 def write_gguf(path: Path, tokens=TOKENS, n_floats: int = 65_536) -> Path:
@@ -78,10 +75,7 @@ def write_gguf(path: Path, tokens=TOKENS, n_floats: int = 65_536) -> Path:
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
     writer.add_tensor("token_embd.weight", np.arange(n_floats, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file(progress=False)
-    writer.close()
+    write_out(writer)
     return path
 
 

@@ -1,7 +1,8 @@
 """The only package that imports llama_cpp. Above it, everything speaks token ids, numpy arrays and plain
 dataclasses; below it is llama.cpp.
 
-- `native`: the llama_cpp import, enums under llamaspec's names, backend start-up, llama.cpp's log callback.
+- `native`: the llama_cpp import, enums under llamaspec's names, backend start-up, llama.cpp's log callback, load
+  watchers (progress of a model load).
 - `devices`: llama.cpp's device registry (GPUs, RPC servers) for placement.
 - `model`: a loaded GGUF (weights, vocabulary, tokenizer).
 - `context`: one sequence's cache; decode at explicit positions, logits as zero-copy views, `keep(n)`.
@@ -12,9 +13,9 @@ It knows nothing of drafting, acceptance or policies.
 from .context import Context
 from .devices import Device, add_rpc_servers, devices, rpc_hello, supports_rpc
 from .model import Model
-from .native import (default_threads, env_flag, init_backend, library_version, native_log, supports_gpu_offload,
-                     system_info)
+from .native import (LoadWatcher, default_threads, env_flag, init_backend, library_version, native_log,
+                     supports_gpu_offload, system_info, watch_loads)
 
 __all__ = ["Context", "Model", "Device", "devices", "add_rpc_servers", "rpc_hello", "supports_rpc",
            "default_threads", "env_flag", "init_backend", "library_version", "native_log", "supports_gpu_offload",
-           "system_info"]
+           "system_info", "LoadWatcher", "watch_loads"]

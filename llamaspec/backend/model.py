@@ -14,7 +14,8 @@ from .. import interrupt
 from ..errors import Cancelled, InvalidParameterError, ModelLoadError
 from ..gguf.reader import ModelInfo, read_model_info
 from .devices import _device_list, add_rpc_servers, devices
-from .native import SPLIT_MODES, NativeHandle, init_backend, llama_cpp, load_error, load_goes_on, native_log
+from .native import (SPLIT_MODES, NativeHandle, init_backend, llama_cpp, load_error, load_goes_on, load_watcher,
+                     native_log)
 
 _VOCAB_KINDS = {"LLAMA_VOCAB_TYPE_SPM": "spm", "LLAMA_VOCAB_TYPE_BPE": "bpe", "LLAMA_VOCAB_TYPE_WPM": "wpm",
                 "LLAMA_VOCAB_TYPE_UGM": "ugm", "LLAMA_VOCAB_TYPE_RWKV": "rwkv", "LLAMA_VOCAB_TYPE_PLAMO2": "plamo2"}
@@ -67,8 +68,13 @@ class Model(NativeHandle):
             params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
 
         params.progress_callback = load_goes_on   # Ctrl-C (or a cancel) stops the load: interrupt.py
+        watcher = load_watcher()                  # the CLI's "loading ..." line, when one is set
+        if watcher is not None:
+            watcher.begins(self.info, options)
         with native_log() as log:
             ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        if watcher is not None:
+            watcher.ends("done" if ptr else "stopped" if interrupt.requested() else "failed")
         self.load_log = "".join(log)  # llama.cpp's own account of the load (buffer sizes, warnings)
         if not ptr and interrupt.requested():
             raise Cancelled(f"{self.path}: loading was cancelled")

@@ -69,8 +69,52 @@ def _log_callback(level, text, user_data):  # pragma: no cover - called from C
 
 @llama_cpp.llama_progress_callback
 def load_goes_on(progress, user_data):  # pragma: no cover - called from C
-    """A model load's progress callback: False (stop loading) once a stop is requested (interrupt.py)."""
+    """A model load's progress callback: tells the load's watcher how far it is; False (stop loading) once a stop
+    is requested (interrupt.py)."""
+    watcher = load_watcher()
+    if watcher is not None:
+        try:
+            watcher.progress(float(progress))
+        except Exception:   # raised here, it would be printed by ctypes and lost; the load goes on
+            pass
     return not interrupt.requested()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Watching model loads (the CLI's "loading ..." line and bar): the library prints nothing itself; a watcher set with
+# watch_loads hears of each model load, and of llama.cpp's progress in between.
+# ---------------------------------------------------------------------------------------------------------------
+class LoadWatcher:
+    """Told of each model load while `watch_loads(watcher)` is on: `begins(info, options)` before llama.cpp reads
+    the file, `progress(fraction)` as it reads the weights (0 to 1, llama.cpp's progress callback), `ends(outcome)`
+    after ("done", "stopped" on a requested stop, "failed")."""
+
+    def begins(self, info, options) -> None:
+        """A load of the model file `info` describes (its ModelInfo, from the header) starts, placed by `options`
+        (a ModelConfig)."""
+
+    def progress(self, fraction: float) -> None:
+        """llama.cpp has read this share of the weights."""
+
+    def ends(self, outcome: str) -> None:
+        """The load is over: "done", "stopped" or "failed"."""
+
+
+_WATCHERS: list[LoadWatcher] = []
+
+
+@contextlib.contextmanager
+def watch_loads(watcher: LoadWatcher):
+    """Tell `watcher` of every model load while the block runs."""
+    _WATCHERS.append(watcher)
+    try:
+        yield watcher
+    finally:
+        _WATCHERS.remove(watcher)
+
+
+def load_watcher() -> LoadWatcher | None:
+    return _WATCHERS[-1] if _WATCHERS else None
 
 
 @llama_cpp.ggml_abort_callback

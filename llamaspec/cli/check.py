@@ -146,7 +146,7 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..gguf.compat import compatibility_report
     from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
-    from ..loading import rs_snapshots, sibling_mtp_head
+    from ..loading import rs_snapshots, sibling_draft
     from ..policy import policy_for
 
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
@@ -185,7 +185,7 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
             if role == "target":
                 head = "in the draft file" if draft_kind == "mtp" else describe_mtp_head(mtp)
                 local = Path(info.path).is_file()
-                beside = sibling_mtp_head(info.path) if mtp is None and draft_info is None and local else None
+                beside = sibling_draft(info.path, "mtp") if mtp is None and draft_info is None and local else None
                 if beside is not None:
                     head = f"none in the file; {Path(beside).name} beside it drafts with --spec-type draft-mtp"
                 click.echo(f"{'':<8}MTP head: {head}")

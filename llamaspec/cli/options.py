@@ -286,13 +286,14 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
     return func
 
 
-def reasoning_option(func):
+def reasoning_option(func=None, *, help: str = "Thinking (the chat template's enable_thinking); auto: the "
+                                                 "template's default."):
     """--reasoning on|off|auto: a thinking model's template switch (enable_thinking), as llama.cpp's -rea."""
     from ..reasoning import REASONING_MODES
 
-    return click.option("-rea", "--reasoning", "reasoning", type=click.Choice(REASONING_MODES), default="auto",
-                        show_default=True,
-                        help="Thinking (the chat template's enable_thinking); auto: the template's default.")(func)
+    option = click.option("-rea", "--reasoning", "reasoning", type=click.Choice(REASONING_MODES), default="auto",
+                          show_default=True, help=help)
+    return option(func) if func is not None else option
 
 
 def _check_sampler_order(ctx, param, value):

@@ -175,10 +175,15 @@ def parse_devices(value: str | None) -> tuple[str, ...] | None:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def load_pair_from_options(opts: dict, use_default_pair: bool = False):
+def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads: bool = False):
     """Load the pair the options describe (warns and continues on CPU when GPU layers were asked for but the
-    installed llama.cpp cannot offload)."""
+    installed llama.cpp cannot offload), with a line per model on a terminal (loadline.py; `log_loads`: elsewhere
+    too)."""
+    import contextlib
+
+    from ..backend import watch_loads
     from ..loading import load_pair
+    from .loadline import load_line
 
     target, draft, defaults = resolve_model_paths(opts, use_default_pair)
     n_gpu_layers = opts["n_gpu_layers"]
@@ -200,6 +205,8 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False):
         draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
-    return load_pair(target, draft, config=config)
+    line = load_line(log_loads)
+    with watch_loads(line) if line is not None else contextlib.nullcontext():
+        return load_pair(target, draft, config=config)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, pair_options
+from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, pair_options, reasoning_option
 from .pair_choice import load_pair_from_options
 
 
@@ -38,6 +38,8 @@ from .pair_choice import load_pair_from_options
               help="Let web pages from ORIGIN (like http://localhost:3000; '*': any) call the server from a "
                    "browser (repeatable). Without it, requests carrying a foreign Origin are refused.")
 @click.option("--access-log", is_flag=True, help="Log every request.")
+@reasoning_option(help="Thinking for every chat request (the chat template's enable_thinking); auto: the "
+                       "template's default. A request's chat_template_kwargs.enable_thinking overrides it.")
 @handle_errors
 def serve(**opts):
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics)."""
@@ -50,14 +52,15 @@ def serve(**opts):
         click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
                    "can use the model", err=True)
     sock = bind(opts["host"], opts["port"])  # a busy port fails now, not after a long model load
-    pair = load_pair_from_options(opts)
+    pair = load_pair_from_options(opts, log_loads=True)   # a log line per model, on a terminal or not
     service = None
     try:
         model_id = opts["model_id"] or opts.get("pair_name") or Path(pair.target.path).stem
         config = ServerConfig(
             model_id=model_id, api_key=opts["api_key"], admin_key=opts["admin_key"], max_queue=opts["max_queue"],
             max_body_bytes=opts["max_body_bytes"], read_timeout=opts["read_timeout"], bound_host=opts["host"],
-            allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]))
+            allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]),
+            reasoning=opts["reasoning"])
         app = create_app(pair, config)
         service = app.state.service
         if service.template_error:

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError, LlamaspecError
 from ..policy import policy_for
+from ..reasoning import template_kwargs
 from .apierror import APIError, invalid
 from .formats import EventStream, Gone, ResponseFormat, error_for, next_event, wait_disconnect
 from .guard import CountRequests, Guard, cors_options
@@ -50,6 +51,8 @@ class ServerConfig:
     bound_host: str = "127.0.0.1"     # the --host, accepted in Host headers along with IPs and localhost names
     allowed_hosts: tuple[str, ...] = ()   # more Host names ('*': any)
     cors_origins: tuple[str, ...] = ()    # browser origins allowed to call ('*': any)
+    reasoning: str = "auto"           # thinking on/off for every chat request (enable_thinking); auto: the template's;
+                                      # a request's chat_template_kwargs.enable_thinking overrides it
 
 
 _POLICY_PARAMS = {"policy": "policy", "k": "draft_max", "k_max": "draft_max", "k_min": "draft_min",
@@ -72,7 +75,7 @@ class Service:
         except LlamaspecError as e:
             self.template, self.template_error = None, str(e)
         self.metrics = ServerMetrics(self._draft_state, lambda: self.worker.depth)
-        self.worker = Worker(pair, self.metrics, config.max_queue, self.template)
+        self.worker = Worker(pair, self.metrics, config.max_queue, self.template, template_kwargs(config.reasoning))
         self.stopping = False
 
     def _draft_state(self) -> dict[str, float]:

@@ -53,8 +53,10 @@ _STOP = object()
 class Worker:
     """Runs jobs one at a time, in arrival order; at most `max_queue` wait while one runs."""
 
-    def __init__(self, pair, metrics: ServerMetrics, max_queue: int, template: ChatTemplate | None = None):
+    def __init__(self, pair, metrics: ServerMetrics, max_queue: int, template: ChatTemplate | None = None,
+                 template_defaults: dict | None = None):
         self.pair, self.metrics, self.max_queue, self.template = pair, metrics, max_queue, template
+        self.template_defaults = dict(template_defaults or {})   # the server's chat template variables (--reasoning)
         self.tokenizer = PromptTokenizer(pair.target, pair.n_ctx)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -160,7 +162,7 @@ class Worker:
         if isinstance(req.prompt, str):
             return self.tokenizer.tokenize([(req.prompt, True)], add_special=True, cancelled=cancelled)
         if req.chat:
-            template_vars = dict(req.template_vars)
+            template_vars = {**self.template_defaults, **req.template_vars}   # a request's own win
             if req.extras.tools and req.extras.tool_choice != "none":
                 template_vars["tools"] = req.extras.tools
             segments, add_bos = chat_segments(self.template, req.prompt, self.tokenizer, template_vars)

@@ -25,6 +25,14 @@ from llamaspec.gguf.reader import read_model_info
 VOCAB_FILES = ("ggml-vocab-qwen2.gguf", "ggml-vocab-llama-spm.gguf")
 
 
+def write_out(writer: GGUFWriter) -> None:
+    """Write what was added to a GGUFWriter (header, key-values, tensors) and close its file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(progress=False)
+    writer.close()
+
+
 def find_vocab_dir() -> Path | None:
     """Where llama.cpp's vocab-only GGUFs are: $LLAMASPEC_VOCAB_DIR, the user cache, or the llama-cpp-python sdist
     fetched with pip (cached afterwards). None when none of these works (offline, no pip)."""

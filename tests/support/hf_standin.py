@@ -26,6 +26,16 @@ _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 _TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<revision>[^/?]+)(\?.*)?$")
 
 
+def isolate_hub(tmp_path, monkeypatch) -> None:
+    """A fresh user config dir and Hugging Face cache under tmp_path; any request not aimed at a stand-in hub goes
+    to a closed port, and no token or offline switch of the caller's environment applies."""
+    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
