@@ -56,6 +56,7 @@ class Pair:
         self.last_stats: GenerationStats | None = None
         self._target_scratch = np.zeros((0, self.n_vocab), np.float32)  # dense target rows, numpy sampling only
         self.tree = None   # a tree.TreeVerifier while tree verification is on (tree.enable_tree)
+        self._batch = None   # the BatchEngine of generate_batch / a server's slots (batch.py), made when asked
 
     # -- properties --------------------------------------------------------------------------------------------
     @property
@@ -120,6 +121,9 @@ class Pair:
         self._history = []
 
     def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
         if self.drafter is not None:
             self.drafter.close()
         self.target_ctx.close()
@@ -137,6 +141,25 @@ class Pair:
         stats = self.last_stats
         tokens = [p.token for p in pieces if p.token is not None]
         return Completion("".join(p.text for p in pieces), tokens, stats.finish_reason, stats)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> list[Completion]:
+        """A Completion for each prompt, all decoded together (one target pass verifies every sequence's draft),
+        each equal to what `generate(prompt, **kwargs)` gives; see batch.generate_batch."""
+        from .batch import generate_batch
+
+        return generate_batch(self, prompts, **kwargs)
+
+    def batch_engine(self, n_seq: int, n_ctx: int | None = None, **options):
+        """The pair's BatchEngine of n_seq slots over n_ctx tokens (batch.py), kept while those stay the same."""
+        from .batch import BatchEngine
+
+        engine = self._batch
+        if engine is None or engine.n_seq != n_seq or (n_ctx and engine.target.n_ctx != n_ctx) or engine.busy:
+            if engine is not None:
+                engine.close()
+                self._batch = None
+            self._batch = BatchEngine(self, n_seq, n_ctx, **options)
+        return self._batch
 
     def chat(self, messages: list[dict], reasoning: str | None = None, **kwargs):
         """Reply to a conversation (rendered with the target's chat template): a ChatReply with `content`,

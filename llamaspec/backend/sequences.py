@@ -1,0 +1,162 @@
+"""Several sequences in one llama.cpp context: N sequence ids over one unified KV cache, each with its own token
+record and `keep(n)`, and one llama_decode for a batch made of several sequences' token runs.
+
+A `Run` is one sequence's tokens for the next decode (appended at that sequence's own positions) and which of their
+rows come back: every row ("all": a verification), the last ("last": the last prompt token, a draft token) or none
+(a prefill chunk). `SharedContext.decode(runs)` packs the runs into one batch, decodes it once and returns each run's
+rows as a zero-copy view into llama.cpp's logits buffer (valid until the next decode), or None.
+
+The KV cache is unified (`kv_unified`): the sequences share its cells, so a long one may use what short ones leave,
+and llama.cpp puts a batch of mixed sequences in one ubatch. Each sequence is held to `n_ctx_seq` = n_ctx / n_seq
+tokens, so no decode can run out of cells. Nothing here knows what a run means (a verification, a draft, a sibling
+branch of a tree): sequence ids are handed out by whoever owns the context.
+
+Only attention (KV) memories: a recurrent or hybrid model gets a state per sequence from llama.cpp, but rolling one
+back needs per-sequence snapshots (rollback.py speaks of sequence 0 only), so `SharedContext` refuses them
+(`batchable` says so before one is made). The single-sequence methods inherited from Context (eval, keep, ...) act
+on sequence 0's record and are not used on a shared context.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ContextOverflowError, DecodeError, UnsupportedModelError
+from .context import Context
+from .model import Model
+from .native import llama_cpp
+from .rollback import Rollback, TailDrop
+
+
+def batchable(model: Model) -> str | None:
+    """None when `model` can hold several sequences in a SharedContext; otherwise why not."""
+    if model.is_recurrent or model.is_hybrid:
+        return (f"{model.path.name} keeps a recurrent state, which llamaspec cannot yet roll back per sequence in a "
+                "shared context")
+    return None
+
+
+class Sequence:
+    """One sequence id of a SharedContext: the tokens its memory holds (positions 0..n_past-1)."""
+
+    def __init__(self, shared: "SharedContext", seq_id: int):
+        self.shared, self.seq_id = shared, seq_id
+        self.tokens: list[int] = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.shared.n_ctx_seq
+
+    def keep(self, n: int) -> bool:
+        """Keep the first n tokens, drop the rest (llama_memory_seq_rm on this sequence only)."""
+        if n >= self.n_past:
+            return True
+        t0 = time.perf_counter()
+        ok = bool(llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, n, -1))
+        self.shared.rollback_seconds += time.perf_counter() - t0
+        if ok:
+            del self.tokens[n:]
+        return ok
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, -1, -1)
+        self.tokens.clear()
+
+
+@dataclass
+class Run:
+    """One sequence's tokens in a shared decode; outputs: 'all', 'last' or 'none'."""
+
+    seq: Sequence
+    tokens: list[int]
+    outputs: str = "all"
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.tokens) if self.outputs == "all" else int(self.outputs == "last")
+
+
+class SharedContext(Context):
+    """One llama.cpp context holding `n_seq` sequences (`sequences[i]` has seq id i) over a unified KV cache."""
+
+    Run = Run   # callers that do not import the backend build their runs with shared.Run(...)
+
+    def __init__(self, model: Model, options: ModelConfig, n_seq: int):
+        why = batchable(model)
+        if why is not None:
+            raise UnsupportedModelError(why)
+        if n_seq < 1:
+            raise DecodeError(f"internal: a shared context of {n_seq} sequences")
+        self.n_seq = n_seq
+        super().__init__(model, options)
+        self.n_ctx_seq = self.n_ctx // n_seq
+        self.sequences = [Sequence(self, i) for i in range(n_seq)]
+        self._seq_of_row = np.full(self.n_batch, -1, dtype=np.int64)   # the seq id each batch slot was given last
+
+    def _configure(self, params) -> None:
+        params.n_seq_max = self.n_seq
+        params.kv_unified = True
+        if hasattr(params, "n_rs_seq"):
+            params.n_rs_seq = 0
+
+    def _choose_rollback(self) -> Rollback:
+        return TailDrop()   # attention only (checked in __init__); each Sequence drops its own tail
+
+    def decode(self, runs: list[Run]) -> list[np.ndarray | None]:
+        """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view) or None."""
+        n = sum(len(r.tokens) for r in runs)
+        if n == 0 or n > self.n_batch:
+            raise DecodeError(f"internal: a shared batch of {n} tokens (batch size {self.n_batch})")
+        b, start, n_out, spans = self._batch, 0, 0, []
+        for run in runs:
+            m, seq = len(run.tokens), run.seq
+            if seq.n_past + m > self.n_ctx_seq:
+                raise ContextOverflowError(f"sequence {seq.seq_id} full: {seq.n_past} + {m} tokens exceed its "
+                                           f"{self.n_ctx_seq} (context {self.n_ctx} over {self.n_seq} sequences)")
+            tokens = np.asarray(run.tokens, dtype=np.int32)
+            if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+                raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
+            end = start + m
+            self._tok[start:end] = tokens
+            self._pos[start:end] = np.arange(seq.n_past, seq.n_past + m, dtype=np.int32)
+            self._out[start:end] = run.outputs == "all"
+            if run.outputs == "last":
+                self._out[end - 1] = 1
+            for i in np.flatnonzero(self._seq_of_row[start:end] != seq.seq_id):   # ctypes stores where it changed
+                b.seq_id[start + i][0] = seq.seq_id
+            self._seq_of_row[start:end] = seq.seq_id
+            spans.append((n_out, run.n_rows))
+            n_out += run.n_rows
+            start = end
+        b.n_tokens = n
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ptr, b)
+        ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 and n_out else None   # synchronises
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            for run in runs:   # whatever part llama.cpp stored goes: every sequence is as before
+                llama_cpp.llama_memory_seq_rm(self.memory, run.seq.seq_id, run.seq.n_past, -1)
+            raise DecodeError(f"llama_decode failed with code {rc} on a shared batch of {n} tokens")
+        for run in runs:
+            run.seq.tokens.extend(run.tokens)
+        view = self._logits_view(ptr, n_out) if n_out else None
+        return [view[a:a + rows] if rows else None for a, rows in spans]
+
+    def decode_argmax(self, runs: list[Run]) -> list[list[int] | None]:
+        """decode(runs), each run's rows reduced to their argmax tokens."""
+        return [rows.argmax(axis=1).tolist() if rows is not None else None for rows in self.decode(runs)]
+
+
+def shared_like(ctx: Context, n_seq: int, n_ctx: int | None = None) -> SharedContext:
+    """A SharedContext over `ctx`'s model with its settings, holding n_seq sequences in n_ctx tokens (default: n_seq
+    times ctx's, so each sequence has the room a lone one has)."""
+    options = ctx.options.replace(n_ctx=n_ctx or ctx.n_ctx * n_seq)
+    return SharedContext(ctx.model, options, n_seq)
+
