@@ -121,6 +121,7 @@ _ROWS = [
     # serving (cli/serve.py)
     Bound("port", 0, 65535, "TCP ports"),
     Bound("max_queue", 0, 1 << 16, "each waiting request holds its prompt in memory"),
+    Bound("parallel", 1, 256, "llama.cpp's sequences per context (LLAMA_MAX_SEQ)"),
     Bound("max_body_bytes", 1024, 1 << 30, "1 GiB"),
     Bound("shutdown_timeout", 0.0, MAX_SECONDS, "a day", integer=False),
     Bound("read_timeout", 0.1, MAX_SECONDS, "a day", integer=False),

@@ -24,7 +24,10 @@ from .pair_choice import load_pair_from_options
                    "[env LLAMASPEC_ADMIN_KEY].")
 @click.option("--alias", "model_id", default=None, help="Model id clients use (default: the target file's name).")
 @click.option("--max-queue", type=Bounded("max_queue"), default=16, show_default=True,
-              help="Requests that may wait while one generates; beyond that: 429.")
+              help="Requests that may wait while the running ones generate; beyond that: 429.")
+@click.option("-np", "--parallel", type=Bounded("parallel"), default=1, show_default=True,
+              help="Requests generated together, each in its own slot with n_ctx / N tokens; one target pass "
+                   "verifies every slot's draft (attention targets with a draft model, lookup or none).")
 @click.option("--max-body-bytes", type=Bounded("max_body_bytes"), default=4 << 20, show_default=True,
               help="Largest request body accepted (413 beyond).")
 @click.option("--shutdown-timeout", type=Bounded("shutdown_timeout"), default=10.0, show_default=True,
@@ -58,19 +61,23 @@ def serve(**opts):
         model_id = opts["model_id"] or opts.get("pair_name") or Path(pair.target.path).stem
         config = ServerConfig(
             model_id=model_id, api_key=opts["api_key"], admin_key=opts["admin_key"], max_queue=opts["max_queue"],
+            parallel=opts["parallel"],
             max_body_bytes=opts["max_body_bytes"], read_timeout=opts["read_timeout"], bound_host=opts["host"],
             allowed_hosts=tuple(opts["allowed_hosts"]), cors_origins=tuple(opts["cors_origins"]),
             reasoning=opts["reasoning"])
         app = create_app(pair, config)
         service = app.state.service
+        if service.parallel_note:
+            click.echo(f"warning: {service.parallel_note}", err=True)
         if service.template_error:
             click.echo(f"warning: /v1/chat/completions is unavailable: {service.template_error}", err=True)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         draft = pair.draft.path.name if pair.draft is not None else "none"
         policy = pair.policy.name if pair.speculative else "none"
+        slots = f", {opts['parallel']} slots" if service.parallel_note is None and opts["parallel"] > 1 else ""
         ready = (f"llamaspec serve: listening on http://{shown}:{port} (model {model_id!r}, draft {draft}, "
-                 f"drafter {pair.drafter_kind}, policy {policy}; Ctrl-C to stop)")
+                 f"drafter {pair.drafter_kind}, policy {policy}{slots}; Ctrl-C to stop)")
         run_server(app, sock, shutdown_timeout=opts["shutdown_timeout"], access_log=opts["access_log"],
                    on_ready=lambda: click.echo(ready, err=True))
         click.echo("llamaspec serve: stopped", err=True)

@@ -45,7 +45,8 @@ class ServerConfig:
     model_id: str
     api_key: str | None = None
     admin_key: str | None = None      # None: the api key guards admin routes too; neither: admin is off
-    max_queue: int = 16               # requests allowed to wait while one generates
+    max_queue: int = 16               # requests allowed to wait while one generates (while `parallel` do)
+    parallel: int = 1                 # requests generated together (slots.py); 1: one at a time (worker.py)
     max_body_bytes: int = 4 << 20
     read_timeout: float = 30.0        # seconds for a request's headers, and again for its body
     bound_host: str = "127.0.0.1"     # the --host, accepted in Host headers along with IPs and localhost names
@@ -75,8 +76,22 @@ class Service:
         except LlamaspecError as e:
             self.template, self.template_error = None, str(e)
         self.metrics = ServerMetrics(self._draft_state, lambda: self.worker.depth)
-        self.worker = Worker(pair, self.metrics, config.max_queue, self.template, template_kwargs(config.reasoning))
+        self.parallel_note: str | None = None   # why --parallel fell back to one request at a time
+        self.worker = self._make_worker(pair, config)
         self.stopping = False
+
+    def _make_worker(self, pair, config: ServerConfig) -> Worker:
+        if config.parallel > 1:
+            from ..batch import batch_support
+
+            why = batch_support(pair)
+            if why is None:
+                from .slots import SlotWorker
+
+                return SlotWorker(pair, self.metrics, config.max_queue, self.template,
+                                  template_kwargs(config.reasoning), parallel=config.parallel)
+            self.parallel_note = f"--parallel {config.parallel} unavailable ({why}): serving one request at a time"
+        return Worker(pair, self.metrics, config.max_queue, self.template, template_kwargs(config.reasoning))
 
     def _draft_state(self) -> dict[str, float]:
         if not self.pair.speculative:
