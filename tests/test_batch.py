@@ -20,7 +20,10 @@ from llamaspec.sampling import SamplerConfig, filtered_probs
 
 PROMPTS = ["def quicksort(arr):", "The history of the printing press begins", "fn fibonacci(n: u64) -> u64 {",
            "Once upon a time, in a small village by the sea,", "SELECT name FROM"]
-SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1)
+# Flash attention off: llama.cpp's CPU flash-attention kernel accumulates in f16 in the order of the KV cells, and a
+# shared cache interleaves the sequences' cells, so with it on a near-tie (a top-2 gap of ~0.02 on these models) can
+# flip between a sequence alone and beside others. Off, each sequence's rows are bit-identical either way.
+SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     got = pair.generate_batch(PROMPTS[:4], max_tokens=24)
     assert [c.tokens for c in got] == [c.tokens for c in expected]
     assert [c.text for c in got] == [c.text for c in expected]
-    assert all(c.finish_reason == e.finish_reason for c, e in zip(got, expected))
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
     assert sum(c.stats.drafted for c in got) > 0 and sum(c.stats.accepted for c in got) > 0   # drafts were used
     # one target pass per step for all four: fewer passes than the four runs alone took together
     assert pair._batch.target.decode_calls < sum(c.stats.target_passes for c in expected)
@@ -130,3 +133,16 @@ def test_hybrid_targets_run_one_at_a_time_and_say_why(tmp_path):
         prompts = [[3, 17, 42, 99, 5], [64, 23, 8, 77]]
         assert [c.tokens for c in p.generate_batch(prompts, max_tokens=8)] == \
             [c.tokens for c in alone(p, prompts, max_tokens=8)]
+
+
+@pytest.mark.realmodel
+def test_greedy_batch_equals_alone_on_the_real_pair(real_models):
+    from conftest import REAL_DRAFT, REAL_TARGET
+
+    with load_pair(real_models / REAL_TARGET, real_models / REAL_DRAFT, n_ctx=512, policy="fixed", draft_max=4,
+                   no_repack=True, flash_attn="off") as p:
+        prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):"]
+        expected = alone(p, prompts, max_tokens=16)
+        got = p.generate_batch(prompts, max_tokens=16)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert sum(c.stats.accepted for c in got) > 0
