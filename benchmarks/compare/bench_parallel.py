@@ -1,0 +1,119 @@
+"""Several streams at once: N requests decoded together (Pair.generate_batch: one target pass verifies every
+stream's draft) against one stream at a time (Pair.generate), and against llama.cpp's llama-server with -np N and
+the same drafter (N concurrent requests; its own default flags plus what the case needs, as peers.py builds them).
+Prints a markdown report (also written to --out) with every command; greedy.
+
+    python benchmarks/compare/bench_parallel.py --target T.gguf --draft D.gguf [--streams 4] [--k 4] \
+        [--tokens 128] [--tools DIR] [--out results.md]
+
+Figures: total tok/s (all streams' tokens over the wall time), each stream's tok/s (its tokens over its own time),
+and one stream's tok/s alone. The prompts are bench_engine's (code and prose), cycled to N.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+try:
+    from . import peers
+    from .bench_engine import CODE, PROSE, hardware
+except ImportError:
+    import peers
+    from bench_engine import CODE, PROSE, hardware
+from llamaspec import load_pair  # noqa: E402
+
+
+def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
+    settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k, no_repack=a.no_repack or None)
+    with load_pair(a.target, a.draft, **settings) as pair:
+        pair.generate("warm up", max_tokens=8)
+        pair.generate_batch(["warm up"] * len(prompts), max_tokens=8)
+        t0 = time.perf_counter()
+        alone = [pair.generate(p, max_tokens=a.tokens) for p in prompts]
+        alone_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        together = pair.generate_batch(prompts, max_tokens=a.tokens)
+        together_s = time.perf_counter() - t0
+    one = sum(len(c.tokens) for c in alone) / alone_s
+    per_stream = [len(c.tokens) / c.stats.time_total for c in together]
+    return [{"engine": "llamaspec", "mode": "one stream at a time", "total_tps": one, "streams": 1,
+             "stream_tps": [len(c.tokens) / c.stats.time_total for c in alone],
+             "accepted_per_pass": sum(c.stats.mean_accepted_length for c in alone) / len(alone)},
+            {"engine": "llamaspec", "mode": f"{len(prompts)} streams together", "streams": len(prompts),
+             "total_tps": sum(len(c.tokens) for c in together) / together_s, "stream_tps": per_stream,
+             "vs_one_stream": sum(len(c.tokens) for c in together) / together_s / one,
+             "accepted_per_pass": sum(c.stats.mean_accepted_length for c in together) / len(together)}]
+
+
+def server_rows(a, prompts: list[str]) -> list[dict]:
+    exe = Path(a.tools) / "llama-server" if a.tools else None
+    if exe is None or not exe.is_file():
+        return [{"engine": "llama-server", "mode": f"-np {len(prompts)}", "skipped": f"{exe or 'no --tools'}: "
+                 "not found"}]
+    case = peers.Case(a.target, a.draft, "draft-simple", a.ctx * len(prompts), a.ngl, a.no_repack)
+    port = peers.free_port()
+    cmd = peers.server_cmd(exe, case, a.k, port) + ["-np", str(len(prompts))]
+    body = [peers.request_body(peers.Regime("greedy", 0.0), p, a.tokens) for p in prompts]
+    with tempfile.TemporaryDirectory() as tmp, peers.PeerServer(cmd, port, Path(tmp) / "server.log") as server:
+        server.complete(body[0] | {"n_predict": 8})
+        t0 = time.perf_counter()
+        alone = [server.complete(b) for b in body]
+        alone_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(body)) as pool:
+            together = list(pool.map(server.complete, body))
+        together_s = time.perf_counter() - t0
+    one = sum(r["tokens"] for r in alone) / alone_s
+    total = sum(r["tokens"] for r in together) / together_s
+    return [{"engine": "llama-server", "mode": "one request at a time", "streams": 1, "total_tps": one,
+             "stream_tps": [r["per_second"] for r in alone], "cmd": peers.shown(cmd)},
+            {"engine": "llama-server", "mode": f"-np {len(prompts)}, {len(prompts)} concurrent", "streams":
+             len(prompts), "total_tps": total, "stream_tps": [r["per_second"] for r in together],
+             "vs_one_stream": total / one, "cmd": peers.shown(cmd) + f" ; POST /completion {json.dumps(body[0])}"}]
+
+
+def report(a, rows: list[dict]) -> str:
+    lines = [f"# Parallel streams: {Path(a.target).name} + {Path(a.draft).name if a.draft else 'no draft'}",
+             "", f"Hardware: {hardware()}. Greedy, draft length {a.k} (fixed), {a.tokens} tokens per stream.", "",
+             "| engine | mode | total tok/s | per stream tok/s | vs one stream | tokens/pass |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['engine']} | {r['mode']} | skipped: {r['skipped']} | | | |")
+            continue
+        streams = ", ".join(f"{t:.2f}" for t in r["stream_tps"])
+        ratio = f"{r['vs_one_stream']:.2f}x" if "vs_one_stream" in r else ""
+        per_pass = f"{r['accepted_per_pass']:.2f}" if "accepted_per_pass" in r else ""
+        lines.append(f"| {r['engine']} | {r['mode']} | {r['total_tps']:.2f} | {streams} | {ratio} | {per_pass} |")
+    lines += ["", "Commands:", "", f"    {' '.join(sys.argv)}"]
+    lines += [f"    {r['cmd']}" for r in rows if r.get("cmd")]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft")
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--ctx", type=int, default=2048, help="per stream")
+    p.add_argument("--ngl", type=int, default=-1)
+    p.add_argument("--no-repack", action="store_true")
+    p.add_argument("--tools", help="llama.cpp's bin folder (llama-server)")
+    p.add_argument("--out")
+    a = p.parse_args()
+    prompts = [(CODE + PROSE)[i % 8] for i in range(a.streams)]
+    text = report(a, llamaspec_rows(a, prompts) + server_rows(a, prompts))
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
