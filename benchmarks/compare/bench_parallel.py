@@ -90,7 +90,7 @@ def report(a, rows: list[dict]) -> str:
         ratio = f"{r['vs_one_stream']:.2f}x" if "vs_one_stream" in r else ""
         per_pass = f"{r['accepted_per_pass']:.2f}" if "accepted_per_pass" in r else ""
         lines.append(f"| {r['engine']} | {r['mode']} | {r['total_tps']:.2f} | {streams} | {ratio} | {per_pass} |")
-    lines += ["", "Commands:", "", f"    {' '.join(sys.argv)}"]
+    lines += ["", "Commands:", "", f"    python {' '.join(sys.argv)}"]
     lines += [f"    {r['cmd']}" for r in rows if r.get("cmd")]
     return "\n".join(lines) + "\n"
 
