@@ -54,6 +54,18 @@ def batch_support(pair) -> str | None:
     return why
 
 
+def shrink_own_contexts(pair) -> None:
+    """Remake the pair's own target and draft-model contexts with room for one batch (n_ctx = their n_batch),
+    freeing the rest of their KV caches, for a pair whose requests all run in a BatchEngine's shared contexts
+    (serve --parallel): those then hold the only full-size caches. Call it before the engine is made, so the
+    full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
+    policy, measured costs, batch size and settings stay."""
+    for ctx in (pair.target_ctx, pair.draft_ctx):
+        if ctx is not None and ctx.n_ctx > ctx.n_batch:
+            ctx.remake(ctx.n_batch)
+    pair.reset()
+
+
 class _Rows:
     """What modes.py asks of a context, answered from the rows one shared decode returned for a slot's run."""
 

@@ -146,3 +146,47 @@ def test_greedy_batch_equals_alone_on_the_real_pair(real_models):
         got = p.generate_batch(prompts, max_tokens=16)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         assert sum(c.stats.accepted for c in got) > 0
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.realmodel
+def test_shrinking_the_pairs_own_contexts_frees_their_kv_memory(real_models):
+    """serve --parallel: the pair's own caches shrink to one batch before the shared ones are made, and the memory
+    really goes (llama.cpp's context sizes, and the process's resident memory); the pair and the engine still
+    give the same greedy tokens."""
+    import sys
+
+    from conftest import REAL_SMOLLM
+    from llamaspec.backend.native import llama_cpp
+    from llamaspec.batch import shrink_own_contexts
+    from llamaspec.gguf.memory import Settings, kv_cache_bytes
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads the resident memory from /proc")
+    smol, n_ctx, n_batch = real_models / REAL_SMOLLM, 4096, 256
+    with load_pair(smol, smol, n_ctx=n_ctx, n_batch=n_batch, policy="fixed", draft_max=4, no_repack=True,
+                   n_threads=1, flash_attn="off") as p:
+        contexts = (p.target_ctx, p.draft_ctx)
+
+        def sizes():
+            return [int(llama_cpp.llama_n_ctx(c._ptr)) for c in contexts]
+
+        assert sizes() == [n_ctx, n_ctx]
+        prompts = [PROMPTS[0], PROMPTS[4]]
+        expected = [c.tokens for c in alone(p, prompts, max_tokens=12)]
+        per_token = kv_cache_bytes(p.target.info, Settings(n_ctx=1, type_k="f16", type_v="f16"))
+        before = _rss_bytes()
+        shrink_own_contexts(p)
+        freed = before - _rss_bytes()
+        assert sizes() == [n_batch, n_batch] and p.target_ctx.n_batch == n_batch
+        assert freed > 0.75 * 2 * per_token * (n_ctx - n_batch), (freed, per_token)
+        assert [c.tokens for c in alone(p, prompts, max_tokens=12)] == expected   # alone, within one batch
+        got = p.generate_batch(prompts, n_ctx=n_ctx, max_tokens=12)
+        assert p.batch_engine(2, n_ctx).target.n_ctx == n_ctx
+        assert [c.tokens for c in got] == expected

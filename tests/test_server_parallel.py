@@ -95,3 +95,8 @@ def test_beyond_the_slots_and_the_queue_answers_429(server):
         assert [f.result(30).status_code for f in waiting] == [200, 200]   # served once slots free
         pool.shutdown()
     assert "Traceback" not in server.stderr()
+
+
+def test_the_model_card_shows_the_served_context_not_the_shrunk_own_one(server):
+    card = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["llamaspec"]
+    assert card["n_ctx"] == 1024   # the slots' shared context (the pair's own holds one batch now)

@@ -382,6 +382,14 @@ class Context(DeviceSampling, NativeHandle):
         self.n_pending = 0
         self.rollback.clear()
 
+    def remake(self, n_ctx: int) -> None:
+        """Free this context's llama.cpp memory and make it again, empty, with room for n_ctx tokens; whoever
+        holds this object keeps a working context. A plain Context only (a subclass's own set-up is not redone)."""
+        if type(self) is not Context:
+            raise DecodeError(f"internal: cannot remake a {type(self).__name__}")
+        self.close()   # first: the old memory is gone before the new one is allocated
+        Context.__init__(self, self.model, self.options.replace(n_ctx=n_ctx))
+
     def close(self) -> None:
         if self._ptr is not None:
             self._detach_chain()

@@ -218,7 +218,7 @@ class Service:
         return {"id": self.config.model_id, "object": "model", "created": self.started, "owned_by": "llamaspec",
                 "llamaspec": {"target": pair.target.path.name,
                               "draft": pair.draft.path.name if pair.draft is not None else None,
-                              "drafter": pair.drafter_kind, "n_ctx": pair.n_ctx, **self.policy_view()}}
+                              "drafter": pair.drafter_kind, "n_ctx": self.worker.n_ctx, **self.policy_view()}}
 
     def policy_view(self) -> dict:
         return {"policy": self.pair.policy.describe() if self.pair.speculative else None,

@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from ..batch import shrink_own_contexts
 from ..errors import Cancelled, LlamaspecError
 from .apierror import APIError
 from .worker import _STOP, _WAKE, Job, Worker, reply_emitter, request_shaping
@@ -37,7 +38,8 @@ class SlotWorker(Worker):
                  parallel: int = 2):
         super().__init__(pair, metrics, max_queue, template, template_defaults)
         self.parallel = parallel
-        self.engine = pair.batch_engine(parallel, pair.n_ctx)   # the pair's context size, shared by the slots
+        shrink_own_contexts(pair)   # first: the slots' shared caches are then the only full-size ones
+        self.engine = pair.batch_engine(parallel, self.n_ctx)   # the pair's context size, shared by the slots
         self._running_jobs: dict[int, _Running] = {}          # slot index -> its job
         self._admissible: collections.deque[Job] = collections.deque()   # taken from the inbox, not yet in a slot
 

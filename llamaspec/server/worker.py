@@ -57,7 +57,8 @@ class Worker:
                  template_defaults: dict | None = None):
         self.pair, self.metrics, self.max_queue, self.template = pair, metrics, max_queue, template
         self.template_defaults = dict(template_defaults or {})   # the server's chat template variables (--reasoning)
-        self.tokenizer = PromptTokenizer(pair.target, pair.n_ctx)
+        self.n_ctx = pair.n_ctx   # the context size served (the pair's as loaded)
+        self.tokenizer = PromptTokenizer(pair.target, self.n_ctx)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued: dict[int, Job] = {}
