@@ -9,13 +9,16 @@ on its own sequence id (backend/sequences.py). `step()` runs one round for all o
 3. each slot accepts with its own rule (modes.py, the same functions as Pair's, reading the rows this decode
    returned) and keeps `len(history) + 1 + n_accepted` tokens on its own sequence.
 The draft length of each slot comes from its own policy (a copy of the pair's), clamped so that all slots' runs fit
-in one batch; what a policy that knows the batch's cost would do (drafting less as more slots share a pass) is not
-here yet.
+in one batch and, on a recurrent / hybrid target, to the target's recurrent-state snapshots (n_rs_seq) so that a
+rejection never goes back further than they reach; what a policy that knows the batch's cost would do (drafting less
+as more slots share a pass) is not here yet.
 
-Which pairs batch: an attention-only target (sequences.batchable) with no drafter, prompt lookup, a draft model or
-lookup+model. MTP, EAGLE-3 and DFlash drafters follow the target's hidden states one sequence at a time, and
-recurrent / hybrid targets need per-sequence snapshots: `generate_batch` runs those one prompt after another
-(`batch_support` says why). Knows nothing about HTTP; text is decoded as in text.py.
+Which pairs batch: with no drafter, prompt lookup, a draft model or lookup+model, an attention target, and a
+recurrent / hybrid one (Qwen3.5, ...) where llama.cpp keeps rollback snapshots for it (or with no drafter: nothing
+is ever rolled back) and an attention draft model. MTP, EAGLE-3 and DFlash drafters follow the target's hidden
+states one sequence at a time, and a recurrent draft model would need per-sequence checkpoints: `generate_batch`
+runs those one prompt after another (`batch_support` says why). Knows nothing about HTTP; text is decoded as in
+text.py.
 """
 from __future__ import annotations
 
@@ -29,11 +32,11 @@ from typing import Sequence
 import numpy as np
 
 from . import modes
-from .drafters import PromptLookupDrafter, common_prefix_len
+from .drafters import PromptLookupDrafter
 from .drafters.base import Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .engine import Completion, shadow_acceptance
-from .errors import ContextOverflowError, InvalidParameterError
+from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .policy import Hooks
 from .sampling import OPENAI, SamplerConfig, Sampling
 from .shaping import Shaper, Shaping
@@ -48,9 +51,13 @@ def batch_support(pair) -> str | None:
     """None when `pair` can run several sequences in one pass; otherwise why it cannot."""
     from .backend.sequences import batchable
 
-    why = batchable(pair.target)
-    if why is None and pair.drafter_kind not in BATCHED_DRAFTERS:
-        why = f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
+    if pair.drafter_kind not in BATCHED_DRAFTERS:
+        return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
+    why = batchable(pair.target_ctx, pair.speculative)
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and pair.drafter_kind.endswith("model") else None
+    if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
+        why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
+               "sequence after one-token drafting steps")
     return why
 
 
@@ -118,7 +125,11 @@ class BatchEngine:
         if why is not None:
             raise InvalidParameterError(f"cannot decode several sequences at once: {why}", param="parallel")
         self.pair, self.n_seq, self.prefill_chunk = pair, n_seq, max(prefill_chunk, 1)
-        self.target = shared_like(pair.target_ctx, n_seq, n_ctx)
+        target = pair.target_ctx
+        # a recurrent target keeps one snapshot per token of the longest draft (rs_snapshots); none without drafts
+        self.target = shared_like(target, n_seq, n_ctx, target.options.n_rs_seq if pair.speculative else 0)
+        # the longest draft a slot may verify: a rejection must stay within the recurrent state's snapshots
+        self.k_cap = self.target.n_rs_seq if self.target.recurrent else self.target.n_batch
         kind = pair.drafter_kind
         self.draft_ctx = None
         try:
@@ -156,8 +167,11 @@ class BatchEngine:
         free = [s for s in self.slots if s.done]
         if not free:
             return None
-        slot = max(free, key=lambda s: common_prefix_len(s.seq.tokens, tokens[:-1]))
-        common = common_prefix_len(slot.seq.tokens, tokens[:-1])
+        # a recurrent state cannot go back without a checkpoint (and the engine keeps none): a slot's cache is
+        # reused when the prompt extends its whole history (or goes back within its last decode's snapshots);
+        # otherwise `reusable` is 0 and the sequence is cleared and the prompt prefilled in full
+        slot = max(free, key=lambda s: s.seq.reusable(tokens[:-1]))
+        common = slot.seq.reusable(tokens[:-1])
         if not slot.seq.keep(common):
             slot.seq.clear()
             common = 0
@@ -235,6 +249,10 @@ class BatchEngine:
         t1 = time.perf_counter()
 
         runs = [self.target.Run(s.seq, [s.last] + drafts[s.index].tokens, "all") for s in active]
+        if self.target.recurrent and runs:   # one length for all: each recurrent state can then undo its run
+            width = max(len(r.tokens) for r in runs)   # (SharedContext.decode); the padding is never accepted
+            for r in runs:
+                r.tokens += [r.tokens[0]] * (width - len(r.tokens))
         room = self.target.n_batch - sum(len(r.tokens) for r in runs)
         if joining is not None and room > 0:
             chunk = joining.todo[:min(room, self.prefill_chunk if active else room)]
@@ -258,7 +276,7 @@ class BatchEngine:
         drafts, probes, jobs = {}, {}, []
         for s in active:
             room = s.seq.n_ctx - len(s.history) - 1
-            k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, share), 0)
+            k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, share, self.k_cap), 0)
             probe = not k and room > 0 and self.pair.speculative and s.hooks.shadow_len() > 0
             found = drafts if k else probes
             drafts[s.index], s.from_model = Draft([]), False
@@ -275,7 +293,8 @@ class BatchEngine:
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
         history, last, drafted = slot.history, slot.last, draft.tokens
         n_accepted, next_token, target_probs = slot.verify(history, last, drafted, draft.probs if drafted else None)
-        slot.seq.keep(len(history) + 1 + n_accepted)
+        if not slot.seq.keep(len(history) + 1 + n_accepted):
+            raise DecodeError(f"internal: slot {slot.index} could not drop its rejected draft tokens")
         if slot.from_model:
             slot.draft.accepted(n_accepted if drafted else 0)   # a probe's token is never kept
         history.append(last)

@@ -123,16 +123,113 @@ def test_a_bad_request_is_refused_before_anything_runs(pair):
         pair.generate_batch(["fine"], max_tokens=0)
 
 
-def test_hybrid_targets_run_one_at_a_time_and_say_why(tmp_path):
-    target = make_arch_model("qwen35", tmp_path, seed=1, stdev=0.5)
-    with load_pair(target, target, policy="fixed", draft_max=3, **SETTINGS) as p:
+@pytest.fixture(scope="module")
+def arch_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("arch-models")
+
+
+def hybrid(arch_dir, seed=1):
+    """llama.cpp's tiny qwen35 (gated delta net + attention), with context-sensitive logits."""
+    return make_arch_model("qwen35", arch_dir, seed=seed, stdev=0.5)
+
+
+# Prompts of different lengths (one with repeats, for prompt lookup's drafts that the target partly accepts); the
+# tiny archs share a 128-token vocabulary.
+HYBRID_PROMPTS = [[3, 17, 42, 99, 5], [64, 23, 8, 77], [9, 4, 9, 4, 9, 4, 9, 4, 9, 4, 50, 9, 4, 9],
+                  list(range(10, 40)), [1, 2]]
+
+
+def test_a_shared_hybrid_context_rolls_each_sequence_back_on_its_own(arch_dir):
+    """Runs with and without rows in one decode of a hybrid (llama.cpp splits it into equal-length ubatches): each
+    sequence drops its own tail within its run's snapshots, not beyond, and its rows are those of the same history
+    decoded alone, in the order the runs were given."""
+    with load_pair(hybrid(arch_dir), drafter="lookup", policy="fixed", draft_max=4, **SETTINGS) as p:
+        shared = shared_like(p.target_ctx, 3, n_rs_seq=4)
+        try:
+            assert shared.recurrent and shared.n_rs_seq == 4
+            s0, s1, s2 = shared.sequences
+            a, c = [3, 17, 42, 99, 5], list(range(10, 40))
+            shared.decode([shared.Run(s1, [64, 23], "none")])
+            assert (s0.undoable, s1.undoable, s2.undoable) == (0, 1, 0)
+            first = shared.decode([shared.Run(s0, a, "all"), shared.Run(s1, [8, 77, 6, 50, 51], "all"),
+                                   shared.Run(s2, c, "none")])
+            assert [r is None or r.shape[0] for r in first] == [5, 5, True]
+            got = [np.array(first[0]), np.array(first[1])]
+            assert (s0.undoable, s1.undoable, s2.undoable) == (4, 4, 0)   # min(n_rs_seq, run - 1)
+            assert not s1.keep(2) and s1.n_past == 7    # 4 of its run's 5 tokens undo, not 5: nothing changed
+            assert s0.keep(2) and s1.keep(4)            # drop 3 of each run; s2 keeps all
+            assert not s0.keep(1) and s0.n_past == 2    # one rollback per decode
+            rows = shared.decode([shared.Run(s0, [7, 8], "all"), shared.Run(s1, [9], "all"),
+                                  shared.Run(s2, [11, 12, 13], "all")])
+            got += [np.array(r) for r in rows]
+            # runs of different lengths may leave llama.cpp's ubatches in an order that moves a state away from
+            # its snapshots: none of them undoes
+            assert (s0.undoable, s1.undoable, s2.undoable) == (0, 0, 0) and not s2.keep(s2.n_past - 1)
+        finally:
+            shared.close()
+        cases = [([], a), ([64, 23], [8, 77, 6, 50, 51]), ([3, 17], [7, 8]), ([64, 23, 8, 77], [9]),
+                 (c, [11, 12, 13])]
+        for (history, new), rows in zip(cases, got):
+            ctx = p.target_ctx
+            ctx.clear()
+            if history:
+                ctx.eval(history, logits="none")
+            expected = ctx.eval(new, logits="all")
+            assert np.allclose(rows, expected, atol=1e-4), np.abs(rows - expected).max()
+            assert np.array_equal(rows.argmax(axis=1), expected.argmax(axis=1))
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup", "model"])
+def test_greedy_hybrid_batch_equals_each_prompt_alone(arch_dir, drafter):
+    """A qwen35 target batches with no drafter, prompt lookup (drafts it partly accepts) or an attention draft model
+    that disagrees (every draft rejected): each prompt's tokens are the ones it gets alone, over several steps."""
+    draft = make_arch_model("llama", arch_dir, seed=2, stdev=0.5) if drafter == "model" else None
+    with load_pair(hybrid(arch_dir), draft, drafter="lookup" if drafter == "lookup" else None, policy="fixed",
+                   draft_max=4, **SETTINGS) as p:
+        assert batch_support(p) is None
+        expected = alone(p, HYBRID_PROMPTS, max_tokens=20)
+        got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=20)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert len({tuple(c.tokens) for c in got}) == len(HYBRID_PROMPTS)
+        engine = p._batch
+        assert engine.target.recurrent and engine.target.n_rs_seq == (0 if drafter == "none" else 4)
+        drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
+        if drafter == "lookup":
+            assert 0 < accepted < drafted   # partial acceptances: rolled back within the snapshots
+        if drafter == "model":
+            assert drafted > 0 and accepted < drafted   # rejections
+        assert engine.target.decode_calls < sum(c.stats.target_passes for c in expected)
+
+
+def test_a_hybrid_slot_reused_for_another_prompt_gives_its_alone_output(arch_dir):
+    """A slot whose history the new prompt extends keeps its recurrent state; one whose history it does not
+    extend (an unrelated prompt, or one that shares only a prefix) starts over; either way the reply is the one
+    the prompt gets alone."""
+    with load_pair(hybrid(arch_dir), drafter="lookup", policy="fixed", draft_max=4, **SETTINGS) as p:
+        first = p.generate_batch(HYBRID_PROMPTS[:2], max_tokens=10)
+        extended = HYBRID_PROMPTS[0] + first[0].tokens + [6, 6]
+        prompts = [extended, HYBRID_PROMPTS[1][:2] + [100, 101, 102], HYBRID_PROMPTS[3]]
+        again = p.generate_batch(prompts[:2], max_tokens=10)
+        assert again[0].stats.prompt_tokens_cached >= len(HYBRID_PROMPTS[0]) + len(first[0].tokens) - 1
+        assert again[1].stats.prompt_tokens_cached == 0
+        third = p.generate_batch([prompts[2], prompts[0]], max_tokens=10)
+        assert [c.tokens for c in again + third] == [c.tokens for c in alone(p, prompts[:2] + prompts[2:] +
+                                                                             prompts[:1], max_tokens=10)]
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_pairs_that_cannot_batch_run_one_at_a_time_and_say_why(arch_dir, arch):
+    """A recurrent draft model (qwen35 drafting for itself), and a recurrent target without rollback snapshots
+    (mamba2) with a drafter, fall back to one prompt at a time with the same replies."""
+    target = make_arch_model(arch, arch_dir, seed=1, stdev=0.5)
+    kw = dict(draft=target) if arch == "qwen35" else dict(drafter="lookup")
+    with load_pair(target, policy="fixed", draft_max=3, **kw, **SETTINGS) as p:
         why = batch_support(p)
-        assert why is not None and "recurrent" in why
-        with pytest.raises(UnsupportedModelError):
-            SharedContext(p.target, p.target_ctx.options, 2)
+        assert why is not None and "recurrent state" in why
         prompts = [[3, 17, 42, 99, 5], [64, 23, 8, 77]]
         assert [c.tokens for c in p.generate_batch(prompts, max_tokens=8)] == \
             [c.tokens for c in alone(p, prompts, max_tokens=8)]
+        assert p._batch is None
 
 
 @pytest.mark.realmodel

@@ -11,10 +11,15 @@ and llama.cpp puts a batch of mixed sequences in one ubatch. Each sequence is he
 tokens, so no decode can run out of cells. Nothing here knows what a run means (a verification, a draft, a sibling
 branch of a tree): sequence ids are handed out by whoever owns the context.
 
-Only attention (KV) memories: a recurrent or hybrid model gets a state per sequence from llama.cpp, but rolling one
-back needs per-sequence snapshots (rollback.py speaks of sequence 0 only), so `SharedContext` refuses them
-(`batchable` says so before one is made). The single-sequence methods inherited from Context (eval, keep, ...) act
-on sequence 0's record and are not used on a shared context.
+Recurrent and hybrid memories (qwen35, ...): llama.cpp gives each sequence its own recurrent state cell, and with
+`n_rs_seq` snapshots (rollback.py, BoundedRollback) `Sequence.keep` may drop up to min(n_rs_seq, m - 1) tokens of
+the sequence's run in the context's last decode (m tokens), once; llama.cpp keeps that snapshot index per sequence,
+and its equal split of a multi-sequence batch keeps each sequence's last n_rs_seq + 1 tokens in one ubatch, so the
+bound holds per run whatever the other runs' lengths. Beyond it keep() answers False (no checkpoints here): a caller
+that verifies drafts keeps them within `n_rs_seq`, and a prompt that does not extend a sequence's whole history
+clears it and starts over. llama.cpp hands logits rows back in the batch's order even when it reorders ubatches.
+The single-sequence methods inherited from Context (eval, keep, ...) act on sequence 0's record and are not used on
+a shared context.
 """
 from __future__ import annotations
 
@@ -23,18 +28,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ContextOverflowError, DecodeError, UnsupportedModelError
+from ..errors import ContextOverflowError, DecodeError
 from .context import Context
 from .model import Model
 from .native import llama_cpp
-from .rollback import Rollback, TailDrop
+from .rollback import NoRollback, Rollback, TailDrop
 
 
-def batchable(model: Model) -> str | None:
-    """None when `model` can hold several sequences in a SharedContext; otherwise why not."""
-    if model.is_recurrent or model.is_hybrid:
-        return (f"{model.path.name} keeps a recurrent state, which llamaspec cannot yet roll back per sequence in a "
-                "shared context")
+def batchable(ctx: Context, drafts: bool) -> str | None:
+    """None when `ctx`'s model can hold several sequences in a SharedContext (verifying drafts, if `drafts`);
+    otherwise why not. A recurrent or hybrid model verifies drafts only where llama.cpp keeps recurrent-state
+    snapshots for it (n_rs_seq: `ctx`, a one-sequence context made with them, shows whether it honoured them)."""
+    model = ctx.model
+    if drafts and (model.is_recurrent or model.is_hybrid) and getattr(ctx.rollback, "n_rs_seq", 0) < 1:
+        return (f"{model.path.name} keeps a recurrent state without rollback snapshots (n_rs_seq), which llamaspec "
+                "cannot roll back per sequence in a shared context")
     return None
 
 
@@ -44,6 +52,7 @@ class Sequence:
     def __init__(self, shared: "SharedContext", seq_id: int):
         self.shared, self.seq_id = shared, seq_id
         self.tokens: list[int] = []
+        self.undoable = 0   # recurrent state: tokens of its run in the last decode that keep() can drop
 
     @property
     def n_past(self) -> int:
@@ -53,13 +62,26 @@ class Sequence:
     def n_ctx(self) -> int:
         return self.shared.n_ctx_seq
 
+    def reusable(self, tokens: list[int]) -> int:
+        """How many of `tokens`' first tokens this sequence can keep: their common prefix with its record; on a
+        recurrent state only if it holds all of the record or drops no more than `undoable` of it, else 0."""
+        common = next((i for i, (a, b) in enumerate(zip(self.tokens, tokens)) if a != b), min(self.n_past, len(tokens)))
+        return 0 if self.shared.recurrent and self.n_past - common > self.undoable else common
+
     def keep(self, n: int) -> bool:
-        """Keep the first n tokens, drop the rest (llama_memory_seq_rm on this sequence only)."""
+        """Keep the first n tokens, drop the rest (llama_memory_seq_rm on this sequence only). On a recurrent
+        state: False (nothing changed) beyond what the last decode's snapshots undo (`undoable`), except n = 0."""
         if n >= self.n_past:
             return True
+        if n == 0:
+            self.clear()
+            return True
+        if self.shared.recurrent and self.n_past - n > self.undoable:
+            return False
         t0 = time.perf_counter()
         ok = bool(llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, n, -1))
         self.shared.rollback_seconds += time.perf_counter() - t0
+        self.undoable = 0   # one rollback per decode
         if ok:
             del self.tokens[n:]
         return ok
@@ -67,6 +89,7 @@ class Sequence:
     def clear(self) -> None:
         llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, -1, -1)
         self.tokens.clear()
+        self.undoable = 0
 
 
 @dataclass
@@ -83,18 +106,20 @@ class Run:
 
 
 class SharedContext(Context):
-    """One llama.cpp context holding `n_seq` sequences (`sequences[i]` has seq id i) over a unified KV cache."""
+    """One llama.cpp context holding `n_seq` sequences (`sequences[i]` has seq id i) over a unified KV cache; a
+    recurrent state per sequence with `n_rs_seq` snapshots (options.n_rs_seq, as llama.cpp honoured it: 0 for an
+    attention model or an arch without snapshots)."""
 
     Run = Run   # callers that do not import the backend build their runs with shared.Run(...)
 
     def __init__(self, model: Model, options: ModelConfig, n_seq: int):
-        why = batchable(model)
-        if why is not None:
-            raise UnsupportedModelError(why)
         if n_seq < 1:
             raise DecodeError(f"internal: a shared context of {n_seq} sequences")
         self.n_seq = n_seq
+        self.recurrent = model.is_recurrent or model.is_hybrid
         super().__init__(model, options)
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ptr)) \
+            if self.recurrent and hasattr(llama_cpp, "llama_n_rs_seq") else 0
         self.n_ctx_seq = self.n_ctx // n_seq
         self.sequences = [Sequence(self, i) for i in range(n_seq)]
         self._seq_of_row = np.full(self.n_batch, -1, dtype=np.int64)   # the seq id each batch slot was given last
@@ -102,14 +127,32 @@ class SharedContext(Context):
     def _configure(self, params) -> None:
         params.n_seq_max = self.n_seq
         params.kv_unified = True
-        if hasattr(params, "n_rs_seq"):
+        if hasattr(params, "n_rs_seq") and not self.recurrent:
             params.n_rs_seq = 0
 
     def _choose_rollback(self) -> Rollback:
-        return TailDrop()   # attention only (checked in __init__); each Sequence drops its own tail
+        # each Sequence drops its own tail (keep); the one-sequence rollback is not used here
+        return NoRollback() if self.recurrent else TailDrop()
 
     def decode(self, runs: list[Run]) -> list[np.ndarray | None]:
-        """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view) or None."""
+        """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view) or None.
+
+        A recurrent state's snapshots live in its cell, and llama.cpp gathers the sequences of a ubatch into
+        neighbouring cells without moving the snapshots of those it displaces: a run can be undone only if no later
+        ubatch of the decode holds several sequences. So here the runs without rows (prefill chunks) go first (one
+        such run in the same llama_decode, several in one of their own before), and the runs with rows undo only
+        when they all have the same length (llama.cpp's equal split then puts them in one ubatch, after which at
+        most the chunk's remainder runs, alone); callers verifying drafts pad their runs to one length."""
+        if self.recurrent:
+            quiet = [r for r in runs if r.outputs == "none"]
+            if len(quiet) > 1 and len(quiet) < len(runs):
+                self.decode(quiet)
+                rows = iter(self.decode([r for r in runs if r.outputs != "none"]))
+                return [None if r.outputs == "none" else next(rows) for r in runs]
+            if quiet and runs[0] is not quiet[0]:
+                order = quiet + [r for r in runs if r.outputs != "none"]
+                rows = dict(zip(map(id, order), self.decode(order)))
+                return [rows[id(r)] for r in runs]
         n = sum(len(r.tokens) for r in runs)
         if n == 0 or n > self.n_batch:
             raise DecodeError(f"internal: a shared batch of {n} tokens (batch size {self.n_batch})")
@@ -141,9 +184,19 @@ class SharedContext(Context):
         self.decode_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
-            for run in runs:   # whatever part llama.cpp stored goes: every sequence is as before
-                llama_cpp.llama_memory_seq_rm(self.memory, run.seq.seq_id, run.seq.n_past, -1)
+            for run in runs:   # whatever part llama.cpp stored goes: every sequence is as before (a recurrent
+                if not self.recurrent:   # state cannot go back without a snapshot: those sequences start over)
+                    llama_cpp.llama_memory_seq_rm(self.memory, run.seq.seq_id, run.seq.n_past, -1)
+                else:
+                    run.seq.clear()
             raise DecodeError(f"llama_decode failed with code {rc} on a shared batch of {n} tokens")
+        if self.recurrent:   # llama.cpp's split keeps each run's last n_rs_seq + 1 tokens in one ubatch
+            for seq in self.sequences:
+                seq.undoable = 0
+            lengths = {len(r.tokens) for r in runs if r.outputs != "none"}
+            for run in runs:
+                if len(runs) == 1 or run.outputs != "none" and len(lengths) == 1:
+                    run.seq.undoable = min(self.n_rs_seq, len(run.tokens) - 1)
         for run in runs:
             run.seq.tokens.extend(run.tokens)
         view = self._logits_view(ptr, n_out) if n_out else None
@@ -154,9 +207,10 @@ class SharedContext(Context):
         return [rows.argmax(axis=1).tolist() if rows is not None else None for rows in self.decode(runs)]
 
 
-def shared_like(ctx: Context, n_seq: int, n_ctx: int | None = None) -> SharedContext:
+def shared_like(ctx: Context, n_seq: int, n_ctx: int | None = None, n_rs_seq: int = 0) -> SharedContext:
     """A SharedContext over `ctx`'s model with its settings, holding n_seq sequences in n_ctx tokens (default: n_seq
-    times ctx's, so each sequence has the room a lone one has)."""
-    options = ctx.options.replace(n_ctx=n_ctx or ctx.n_ctx * n_seq)
+    times ctx's, so each sequence has the room a lone one has); n_rs_seq: recurrent-state snapshots per sequence
+    (the longest draft it will verify; 0 for no drafts)."""
+    options = ctx.options.replace(n_ctx=n_ctx or ctx.n_ctx * n_seq, n_rs_seq=n_rs_seq)
     return SharedContext(ctx.model, options, n_seq)
 
