@@ -118,7 +118,8 @@ def test_a_signal_during_the_load_stops_it(pair, tmp_path, sig):
     ends_cleanly(proc, log.read_text, 130 if sig == signal.SIGINT else 143)
     text = log.read_text()
     assert "listening" not in text
-    assert text.strip() in ("", "interrupted"), text
+    said = [line for line in text.splitlines() if not line.startswith("loading ")]   # serve logs each load
+    assert said in ([], ["interrupted"]), text
 
 
 @pytest.mark.parametrize("stage", ["idle", "prefill", "generation"])

@@ -69,12 +69,16 @@ class Model(NativeHandle):
 
         params.progress_callback = load_goes_on   # Ctrl-C (or a cancel) stops the load: interrupt.py
         watcher = load_watcher()                  # the CLI's "loading ..." line, when one is set
-        if watcher is not None:
-            watcher.begins(self.info, options)
+        ptr = None
+        # the watcher inside too: it asks llama.cpp for the devices, and a Ctrl-C must not land in their log callback
         with native_log() as log:
-            ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        if watcher is not None:
-            watcher.ends("done" if ptr else "stopped" if interrupt.requested() else "failed")
+            if watcher is not None:
+                watcher.begins(self.info, options)
+            try:
+                ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+            finally:
+                if watcher is not None:
+                    watcher.ends("done" if ptr else "stopped" if interrupt.requested() else "failed")
         self.load_log = "".join(log)  # llama.cpp's own account of the load (buffer sizes, warnings)
         if not ptr and interrupt.requested():
             raise Cancelled(f"{self.path}: loading was cancelled")

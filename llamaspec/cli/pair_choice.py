@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .. import bounds
+from .. import bounds, interrupt
 from ..config import MTP_DRAFTERS, LoadConfig
 from ..kinds import COMBINATIONS, KINDS, SPEC_TYPES
 from .options import warn
@@ -206,7 +206,9 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     line = load_line(log_loads)
-    with watch_loads(line) if line is not None else contextlib.nullcontext():
+    # a Ctrl-C / SIGTERM anywhere in the load is a flag llama.cpp's callbacks read, raised once load_pair returns:
+    # arriving while llama.cpp calls back into Python (its log, while devices are listed), it would be lost
+    with watch_loads(line) if line is not None else contextlib.nullcontext(), interrupt.signals_stop():
         return load_pair(target, draft, config=config)
 
 
