@@ -6,6 +6,7 @@ signal (the double Ctrl-C during a prefill once crashed the interpreter: it runs
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -73,13 +74,23 @@ def wait_busy(url: str, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def signals_as_a_terminal_gives_them() -> None:
+    """In the child before exec: SIGINT and SIGTERM at their defaults and nothing blocked, as a command started from a
+    shell gets them (an ignored or blocked disposition would be inherited from whatever ran before in this process)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def ends_cleanly(proc: subprocess.Popen, log_text, expected_rc: int = 0) -> float:
     t0 = time.monotonic()
     try:
         rc = proc.wait(EXIT_WITHIN)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"still running {EXIT_WITHIN} s after the signal:\n{log_text()}")
+        masks = [line for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines()
+                 if line.startswith(("SigBlk", "SigIgn"))]   # what the child inherited, where it was not reset
+        raise AssertionError(f"still running {EXIT_WITHIN} s after the signal ({', '.join(masks)}):\n{log_text()}")
     text = log_text()
     assert rc == expected_rc, f"exit {rc}:\n{text}"
     assert "Traceback" not in text and "Exception ignored" not in text, text
@@ -108,7 +119,7 @@ def test_a_signal_during_the_load_stops_it(pair, tmp_path, sig):
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "llamaspec", "serve", "-m", str(pair["target"]), "-md",
                                  str(pair["noisy"]), "--port", "0"], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=subprocess.DEVNULL, stderr=err, preexec_fn=signals_as_a_terminal_gives_them)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 120
     while str(pair["target"]) not in maps.read_text():   # llama.cpp has mapped the file: the load is under way
