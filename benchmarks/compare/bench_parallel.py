@@ -27,6 +27,7 @@ except ImportError:
     import peers
     from bench_engine import CODE, PROSE, hardware
 from llamaspec import load_pair  # noqa: E402
+from llamaspec.errors import LlamaspecError  # noqa: E402
 
 
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
@@ -109,7 +110,10 @@ def main() -> None:
     p.add_argument("--out")
     a = p.parse_args()
     prompts = [(CODE + PROSE)[i % 8] for i in range(a.streams)]
-    text = report(a, llamaspec_rows(a, prompts) + server_rows(a, prompts))
+    try:
+        text = report(a, llamaspec_rows(a, prompts) + server_rows(a, prompts))
+    except LlamaspecError as e:   # a missing or damaged file, a pair that cannot batch: one line
+        p.error(str(e))
     print(text)
     if a.out:
         Path(a.out).write_text(text)

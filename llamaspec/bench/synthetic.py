@@ -32,7 +32,10 @@ def resolve_rates(k: int, rates=None, length: float | None = None) -> list[float
     if k < 1:
         raise InvalidParameterError("synthetic acceptance needs a draft length of at least 1")
     if rates is not None:
-        rates = [float(r) for r in rates]
+        try:
+            rates = [float(r) for r in rates]
+        except (TypeError, ValueError):
+            raise InvalidParameterError(f"synthetic acceptance rates must be numbers, got {rates!r}") from None
         if len(rates) != k:
             raise InvalidParameterError(f"synthetic acceptance rates must contain {k} values (the draft length), "
                                         f"got {len(rates)}")
@@ -93,7 +96,7 @@ class SyntheticAcceptance:
     whose verdict is then overridden), so its cost is real. `lengths` counts accepted draft tokens per step."""
 
     def __init__(self, pair, rates: list[float], seed: int = 0):
-        self.pair, self.rates = pair, list(rates)
+        self.pair, self.rates = pair, resolve_rates(len(rates), rates=list(rates))   # llama.cpp's checks
         self.probs = conditional(self.rates)
         self.rng = np.random.default_rng(seed)
         self.lengths: list[int] = []
