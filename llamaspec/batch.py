@@ -37,14 +37,20 @@ from .drafters.base import Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .engine import Completion, shadow_acceptance
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
+from .kinds import KINDS
 from .policy import Hooks
 from .sampling import OPENAI, SamplerConfig, Sampling
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats
 from .text import Piece, StopMatcher
 
-BATCHED_DRAFTERS = ("none", "model", "lookup", "lookup+model")
+BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
 DEFAULT_PREFILL_CHUNK = 128
+
+
+def _with_draft_model(pair) -> bool:
+    kind = KINDS.get(pair.drafter_kind)
+    return kind is not None and kind.source == "draft"
 
 
 def batch_support(pair) -> str | None:
@@ -54,7 +60,7 @@ def batch_support(pair) -> str | None:
     if pair.drafter_kind not in BATCHED_DRAFTERS:
         return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
     why = batchable(pair.target_ctx, pair.speculative)
-    draft = pair.draft_ctx.model if pair.draft_ctx is not None and pair.drafter_kind.endswith("model") else None
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _with_draft_model(pair) else None
     if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
@@ -133,7 +139,7 @@ class BatchEngine:
         kind = pair.drafter_kind
         self.draft_ctx = None
         try:
-            if kind in ("model", "lookup+model"):
+            if _with_draft_model(pair):
                 self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.target.n_ctx)
         except BaseException:
             self.target.close()

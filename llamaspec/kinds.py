@@ -37,6 +37,12 @@ class DrafterKind:
         architecture is this kind's name)."""
         return {"prompt": "none", "draft": "model", "mtp": "none", "hidden": "arch"}[self.source]
 
+    @property
+    def batches(self) -> bool:
+        """Whether it drafts for several sequences of one batch (batch.py): prompt lookup and draft models do; an
+        MTP head or EAGLE-3 / DFlash draft follows the target's hidden states one sequence at a time."""
+        return self.source in ("prompt", "draft")
+
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("model", "draft-simple", "draft", "model:ModelDrafter"),

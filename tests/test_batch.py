@@ -43,6 +43,7 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert [c.text for c in got] == [c.text for c in expected]
     assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
     assert sum(c.stats.drafted for c in got) > 0 and sum(c.stats.accepted for c in got) > 0   # drafts were used
+    assert sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # and rolled back where rejected
     # one target pass per step for all four: fewer passes than the four runs alone took together
     assert pair._batch.target.decode_calls < sum(c.stats.target_passes for c in expected)
 
