@@ -12,14 +12,12 @@ from __future__ import annotations
 import collections
 import queue
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 
 from ..batch import shrink_own_contexts
-from ..errors import Cancelled, LlamaspecError
 from .apierror import APIError
-from .worker import _STOP, _WAKE, Job, Worker, reply_emitter, request_shaping
+from .worker import _STOP, _WAKE, Job, Worker, reply_emitter
 
 
 @dataclass
@@ -104,20 +102,13 @@ class SlotWorker(Worker):
             if self._queued.pop(id(job), None) is None:
                 return   # cancelled while waiting
         req = job.request
-        self.metrics.queue_wait.observe(time.monotonic() - job.submitted)
-        try:
-            tokens = self.prompt_tokens(req, job.cancelled)
-            opens_thinking = req.chat and self.prompt_opens_thinking
-            shaping = request_shaping(req, self.pair.target, self.template)
-            slot = self.engine.submit(tokens, max_tokens=req.max_tokens or self.engine.n_ctx_seq, stop=req.stop,
-                                      shaping=shaping, **req.sampling)
-        except Cancelled:
-            job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
+        begun = self._begin(job, lambda tokens, shaping: self.engine.submit(
+            tokens, max_tokens=req.max_tokens or self.engine.n_ctx_seq, stop=req.stop, shaping=shaping,
+            **req.sampling))
+        if begun is None:
             return
-        except LlamaspecError as e:
-            job.emit("error", e)
-            return
-        job.emit("start")
+        slot, shaping = begun
+        opens_thinking = req.chat and self.prompt_opens_thinking
         with self._lock:
             self._running_jobs[slot.index] = _Running(job, slot, reply_emitter(job, opens_thinking)
                                                       if req.chat else None, shaping)

@@ -178,21 +178,32 @@ class Worker:
             return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
         return {**entry(x.token, x.logprob), "top_logprobs": [entry(t, lp) for t, lp in x.top]}
 
-    def _run(self, job: Job) -> None:
+    def _begin(self, job: Job, start):
+        """A job's set-up: its prompt's tokens and its shaping, given to `start(tokens, shaping)`; a refusal on the
+        way (a bad prompt, a stop) is the job's error reply and None is returned. Otherwise (what `start` returned,
+        the shaping), and the job's reply has begun."""
         req = job.request
         self.metrics.queue_wait.observe(time.monotonic() - job.submitted)
         try:
-            tokens = self.prompt_tokens(req, job.cancelled)
             shaping = request_shaping(req, self.pair.target, self.template)
-            pieces = self.pair.stream(tokens, max_tokens=req.max_tokens or self.pair.n_ctx, stop=req.stop,
-                                      add_special=False, shaping=shaping, **req.sampling)
+            started = start(self.prompt_tokens(req, job.cancelled), shaping), shaping
         except Cancelled:  # the client left (nobody reads this) or the server is stopping
             job.emit("error", APIError(503, "the server is shutting down", code="shutting_down", kind="server_error"))
-            return
+            return None
         except LlamaspecError as e:
             job.emit("error", e)
-            return
+            return None
         job.emit("start")
+        return started
+
+    def _run(self, job: Job) -> None:
+        req = job.request
+        begun = self._begin(job, lambda tokens, shaping: self.pair.stream(
+            tokens, max_tokens=req.max_tokens or self.pair.n_ctx, stop=req.stop, add_special=False, shaping=shaping,
+            **req.sampling))
+        if begun is None:
+            return
+        pieces, shaping = begun
         error, emitted = None, False
         emit = reply_emitter(job, req.chat and self.prompt_opens_thinking)
         n_tokens = 0
