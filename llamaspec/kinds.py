@@ -30,6 +30,10 @@ class DrafterKind:
     draft_cost: str = "per_token"   # how drafting time grows with k: one pass per token, or one per draft
     parts: tuple[str, ...] = ()     # a combination: these kinds, tried in this order
     sidecar: str = ""               # the file-name prefix of its draft files in a Hugging Face repo ("mtp-")
+    # the longest draft a policy of unset length asks for on a target whose rollback is bounded by recurrent-state
+    # snapshots (qwen35 and kin): llama.cpp keeps one snapshot per draft token and pays for all of them on every
+    # decode, drafted or not, so a 12-token reach costs every step what 3-4 tokens do not
+    snapshot_k_max: int = 4
 
     @property
     def draft_file(self) -> str:
@@ -48,12 +52,13 @@ KINDS: dict[str, DrafterKind] = {k.name: k for k in (
     DrafterKind("model", "draft-simple", "draft", "model:ModelDrafter"),
     DrafterKind("lookup", "ngram-simple", "prompt", "lookup:PromptLookupDrafter"),
     DrafterKind("lookup+model", None, "draft", "lookup:CombinedDrafter", parts=("lookup", "model")),
-    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", title="an MTP head", sidecar="mtp-"),
-    DrafterKind("lookup+mtp", None, "mtp", "lookup:CombinedDrafter", parts=("lookup", "mtp")),
+    DrafterKind("mtp", "draft-mtp", "mtp", "mtp:MTPDrafter", title="an MTP head", sidecar="mtp-",
+                snapshot_k_max=3),   # llama.cpp's draft-mtp default (--spec-draft-n-max 3)
+    DrafterKind("lookup+mtp", None, "mtp", "lookup:CombinedDrafter", parts=("lookup", "mtp"), snapshot_k_max=3),
     DrafterKind("eagle3", "draft-eagle3", "hidden", "eagle3:Eagle3Drafter", title="an EAGLE-3 draft",
                 sidecar="eagle3-"),
     DrafterKind("dflash", "draft-dflash", "hidden", "dflash:DFlashDrafter", title="a DFlash draft",
-                draft_cost="per_pass", sidecar="dflash-"),
+                draft_cost="per_pass", sidecar="dflash-", snapshot_k_max=6),   # a block drafter: long drafts
 )}
 
 DRAFTER_KINDS = tuple(KINDS)

@@ -13,8 +13,9 @@ from .errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from .gguf.hidden_pair import check_hidden_pair
 from .gguf.compat import check_pair
 from .gguf.reader import ModelInfo, read_model_info
+from .gguf.recurrent import rollback_kind
 from .gguf.spec_kind import has_mtp_head, spec_kind
-from .kinds import drafter_kind, kind_for_file
+from .kinds import DrafterKind, drafter_kind, kind_for_file
 from .policy import DraftPolicy, policy_for
 
 
@@ -24,6 +25,16 @@ def rs_snapshots(config: ModelConfig, policy: DraftPolicy) -> int:
     if config.n_rs_seq:
         return config.n_rs_seq
     return max(min(max(int(getattr(policy, "k_max", 0) or 0), 1), config.n_batch - 2), 0)
+
+
+def snapshot_reach(config: LoadConfig, target_info: ModelInfo, kind: DrafterKind) -> LoadConfig:
+    """`config` with the longest draft set to the kind's `snapshot_k_max` where it was left open and the target's
+    rollback is bounded by recurrent-state snapshots: llama.cpp keeps one per draft token and pays for all of them
+    on every decode, so an open reach (auto's 12) would slow every step, plain ones included."""
+    drafting = config.drafting
+    if drafting.k is not None or drafting.policy == "fixed" or rollback_kind(target_info) != "bounded":
+        return config
+    return config.replace(draft_max=kind.snapshot_k_max)
 
 
 def _is_pair_name(name) -> bool:
@@ -74,6 +85,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     elif kind.draft_file == "arch":
         raise InvalidParameterError(f"drafter {kind.name!r} needs {kind.title} GGUF: give it (-md / draft=...) or "
                                     f"put it beside the target as {kind.sidecar}<model>.gguf", param="draft")
+    config = snapshot_reach(config, target_info, kind)
     if policy_obj is None:
         policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
     if kind.source == "mtp":

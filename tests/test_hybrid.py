@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from support.arch_models import make_arch_model, require_test_llama_archs
 from support.fakes import FakeContext, FakeModel
+from support.mtp_models import add_mtp_block
 from llamaspec import load_pair
 from llamaspec.backend import Context, Model
 from llamaspec.backend.native import llama_cpp
@@ -27,6 +28,7 @@ from llamaspec.errors import UnsupportedModelError
 from llamaspec.gguf.memory import Settings, kv_cache_bytes, model_memory
 from llamaspec.gguf.reader import read_model_info
 from llamaspec.gguf.recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_state_bytes, rollback_kind
+from llamaspec.kinds import KINDS
 from llamaspec.policy import AutoPolicy, FixedPolicy, make_policy
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
@@ -132,6 +134,27 @@ def test_snapshots_are_clamped_to_the_batch_instead_of_aborting(arch_dir):
         c = pair.generate(PROMPT, max_tokens=12)
         pair.set_policy(FixedPolicy(0))
         assert c.tokens == pair.generate(PROMPT, max_tokens=12).tokens
+
+
+@pytest.mark.parametrize("target, drafter, draft, settings, reach", [
+    ("qwen35", "model", "qwen35", {}, KINDS["model"].snapshot_k_max),    # open reach: the kind's on snapshots
+    ("qwen35", "mtp", None, {}, KINDS["mtp"].snapshot_k_max),
+    ("qwen35", "model", "qwen35", {"draft_max": 7}, 7),                  # a reach asked for is kept
+    ("qwen35", "model", "qwen35", {"policy": "fixed", "draft_max": 2}, 2),
+    ("llama", "model", "llama", {}, make_policy("auto").k_max),          # no snapshots: auto's own reach
+])
+def test_open_draft_reach_on_snapshot_targets_is_the_kinds(arch_dir, target, drafter, draft, settings, reach):
+    # every snapshot is written on every decode, plain steps too: auto's 12-token reach would keep 12 of them
+    path = arch_file(arch_dir, target)
+    if drafter == "mtp":
+        path = add_mtp_block(path, arch_dir / f"{target}-mtp.gguf")
+    with load_pair(path, arch_file(arch_dir, draft, 2) if draft else None, drafter=drafter,
+                   **{**SETTINGS, **settings}) as pair:
+        assert pair.policy.k_max == reach
+        if KIND[target] == "bounded":
+            assert pair.config.drafting.k == reach == pair.target_ctx.rollback.n_rs_seq
+        else:
+            assert pair.config.drafting.k == settings.get("draft_max")
 
 
 def test_a_memory_that_cannot_roll_back_refuses_speculation_and_runs_plainly(arch_dir, monkeypatch):

@@ -43,6 +43,11 @@ try:
 except ImportError:
     import peers          # run as a script: its folder is on sys.path
 from llamaspec import load_pair  # noqa: E402
+from llamaspec.config import LoadConfig  # noqa: E402
+from llamaspec.gguf.reader import read_model_info  # noqa: E402
+from llamaspec.gguf.spec_kind import spec_kind  # noqa: E402
+from llamaspec.kinds import drafter_kind  # noqa: E402
+from llamaspec.loading import snapshot_reach  # noqa: E402
 from llamaspec.errors import InvalidParameterError  # noqa: E402
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
 from llamaspec.bench import auto_state  # noqa: E402
@@ -419,8 +424,6 @@ def main() -> None:
 
     prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
     if a.spec_type is None:  # the same drafter llamaspec picks for this file
-        from llamaspec.gguf.reader import read_model_info
-
         arch = read_model_info(a.draft).arch if a.draft else None
         a.spec_type = "draft-mtp" if a.draft is None else \
             {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}.get(arch, "draft-simple")
@@ -428,9 +431,13 @@ def main() -> None:
                       a.synth)
 
     # 1. llamaspec, every regime on one load; closed before the peers load the same files
-    # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for
+    # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for; the
+    # open-ended modes reach as far as load_pair lets them on this target (loading.snapshot_reach)
     names = [m.partition(":")[0] for m in modes]
-    longest = max(ks + [make_policy(name).k_max for name in names if name not in ("plain", "fixed")])
+    file_kind = spec_kind(read_model_info(a.draft)) if a.draft else None
+    reach = snapshot_reach(LoadConfig(drafter=a.drafter), read_model_info(a.target),
+                           drafter_kind(file_kind or a.drafter)).drafting.k
+    longest = max(ks + [make_policy(name, k=reach).k_max for name in names if name not in ("plain", "fixed")])
     pair = load_pair(a.target, a.draft, n_ctx=case.n_ctx, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))

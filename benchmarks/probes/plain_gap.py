@@ -21,7 +21,7 @@ import numpy as np
 from llamaspec import load_pair
 from llamaspec.backend.context import Context
 from llamaspec.backend.model import Model
-from llamaspec.backend.native import init_backend, llama_cpp
+from llamaspec.backend.native import default_threads, init_backend, llama_cpp
 from llamaspec.config import ModelConfig
 from llamaspec.policy import make_policy
 
@@ -30,6 +30,7 @@ def bare(model: Model, n_ctx: int, n_rs_seq: int, tokens: int, reps: int) -> flo
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, 512, 512, 1
     params.no_perf = True
+    params.n_threads = params.n_threads_batch = default_threads()   # llama-bench's -t default, as Context uses
     if hasattr(params, "n_rs_seq"):
         params.n_rs_seq = n_rs_seq
     ctx = llama_cpp.llama_init_from_model(model._ptr, params)

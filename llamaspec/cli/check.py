@@ -146,7 +146,8 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..gguf.compat import compatibility_report
     from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
-    from ..loading import rs_snapshots, sibling_draft
+    from ..kinds import drafter_kind
+    from ..loading import rs_snapshots, sibling_draft, snapshot_reach
     from ..policy import policy_for
 
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
@@ -174,8 +175,9 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     if head_file is not None:                                  # plan, the head's own line (all of its weights)
         mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
         draft_info = None
+    reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
-                           n_rs_seq=rs_snapshots(config.target, policy_for(config.drafting)))
+                           n_rs_seq=rs_snapshots(config.target, policy_for(reach.drafting)))
     for role, info in (("target", target_info), ("draft", draft_info or head_file)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
