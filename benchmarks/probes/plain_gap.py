@@ -4,7 +4,7 @@
 
 Rows (tok/s, median of --reps runs of --tokens tokens from an empty cache, one model load):
 - bare: llama.cpp's C API from Python, llama-bench's loop (decode one token, synchronise; no sampling);
-- bare, n_rs_seq=K: the same with recurrent-state snapshots for rollback (hybrids: what a speculating target gets);
+- bare, n_rs_seq=K (each of --rs): the same with recurrent-state snapshots for rollback (hybrids: what a speculating target gets);
 - Context: llamaspec's context (its logits row as a numpy view, argmax on the host);
 - Context, device argmax: llama.cpp's backend sampler takes the argmax (the greedy path);
 - Context, device argmax, n_rs_seq=K;
@@ -94,26 +94,30 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--n-ctx", type=int, default=2048)
-    ap.add_argument("--rs", type=int, default=4, help="n_rs_seq for the snapshot rows")
+    ap.add_argument("--rs", default="3,4,12", help="n_rs_seq values for the snapshot rows (comma-separated; the "
+                    "Context row takes the first)")
     a = ap.parse_args()
+    rs = [int(v) for v in a.rs.split(",")]
     init_backend()
     rows = []
     model = Model(a.target, ModelConfig(n_ctx=a.n_ctx))
     hybrid = model.is_hybrid or model.is_recurrent
     rows.append(("bare (llama-bench's loop)", bare(model, a.n_ctx, 0, a.tokens, a.reps)))
     if hybrid:
-        rows.append((f"bare, n_rs_seq={a.rs}", bare(model, a.n_ctx, a.rs, a.tokens, a.reps)))
+        for n in rs:
+            rows.append((f"bare, n_rs_seq={n}", bare(model, a.n_ctx, n, a.tokens, a.reps)))
     rows.append(("Context, host argmax", context_loop(model, a.n_ctx, 0, False, a.tokens, a.reps)))
     rows.append(("Context, device argmax", context_loop(model, a.n_ctx, 0, True, a.tokens, a.reps)))
     if hybrid:
-        rows.append((f"Context, device argmax, n_rs_seq={a.rs}",
-                     context_loop(model, a.n_ctx, a.rs, True, a.tokens, a.reps)))
+        rows.append((f"Context, device argmax, n_rs_seq={rs[0]}",
+                     context_loop(model, a.n_ctx, rs[0], True, a.tokens, a.reps)))
     model.close()
     with load_pair(a.target, None, n_ctx=a.n_ctx) as pair:
         rows.append(("Pair, target only", pair_loop(pair, a.tokens, a.reps)))
     if a.draft or a.drafter:
-        with load_pair(a.target, a.draft, drafter=a.drafter, n_ctx=a.n_ctx) as pair:
-            rows.append((f"Pair with {a.drafter or 'draft model'}, fixed k=0", pair_loop(pair, a.tokens, a.reps)))
+        with load_pair(a.target, a.draft, drafter=a.drafter or "model", n_ctx=a.n_ctx) as pair:
+            rows.append((f"Pair with {a.drafter or 'draft model'} (n_rs_seq {pair.target_ctx.options.n_rs_seq}), "
+                         "fixed k=0", pair_loop(pair, a.tokens, a.reps)))
     base = rows[0][1]
     print(f"target {a.target}; {a.tokens} tokens x {a.reps} (median), context {a.n_ctx}")
     print("| loop | tok/s | vs bare |\n|---|---|---|")
