@@ -229,8 +229,10 @@ class Pair:
         stats.finish_reason = "cancelled"
         try:
             # 1. prefill: reuse what the caches already hold, decode the rest of the prompt but its last token
-            # greedy needs argmaxes only: taken on the device
-            self.target_ctx.set_device_argmax(sampling is None and shaper is None)
+            # greedy needs argmaxes only: taken on the device where rows are verified; a pair that never drafts
+            # copies its one row out instead (measured faster for single rows on the H200:
+            # benchmarks/results/h200-plain-gap-qwen35.md)
+            self.target_ctx.set_device_argmax(sampling is None and shaper is None and self.drafter is not None)
             stats.prompt_tokens_cached = self._prefill(prompt[:-1], sampling)
             verify = self._verifier(sampling, shaper)
             self._last = prompt[-1]

@@ -27,12 +27,14 @@ except ImportError:
     import peers
     from bench_engine import CODE, PROSE, hardware
 from llamaspec import load_pair  # noqa: E402
+from llamaspec.batch import batch_support  # noqa: E402
 from llamaspec.errors import LlamaspecError  # noqa: E402
 
 
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
     settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k, no_repack=a.no_repack or None)
     with load_pair(a.target, a.draft, **settings) as pair:
+        why = batch_support(pair)   # None: one target pass for all streams; else they run one after another
         pair.generate("warm up", max_tokens=8)
         pair.generate_batch(["warm up"] * len(prompts), max_tokens=8)
         t0 = time.perf_counter()
@@ -46,7 +48,8 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
     return [{"engine": "llamaspec", "mode": "one stream at a time", "total_tps": one, "streams": 1,
              "stream_tps": [len(c.tokens) / c.stats.time_total for c in alone],
              "accepted_per_pass": sum(c.stats.mean_accepted_length for c in alone) / len(alone)},
-            {"engine": "llamaspec", "mode": f"{len(prompts)} streams together", "streams": len(prompts),
+            {"engine": "llamaspec", "mode": f"{len(prompts)} streams together" if why is None else
+             f"{len(prompts)} streams asked together, run one after another ({why})", "streams": len(prompts),
              "total_tps": sum(len(c.tokens) for c in together) / together_s, "stream_tps": per_stream,
              "vs_one_stream": sum(len(c.tokens) for c in together) / together_s / one,
              "accepted_per_pass": sum(c.stats.mean_accepted_length for c in together) / len(together)}]

@@ -16,19 +16,22 @@ import argparse
 import statistics
 import time
 
-import numpy as np
+from llamaspec import load_pair   # before numpy: see the note in benchmarks/results (numpy first crashed a CUDA load)
 
-from llamaspec import load_pair
+import numpy as np  # noqa: E402,I001
 from llamaspec.backend.context import Context
-from llamaspec.backend.model import Model
-from llamaspec.backend.native import default_threads, init_backend, llama_cpp
+from llamaspec.backend.model import Model  # noqa: F401  (the type the loops take)
+from llamaspec.backend.native import default_threads, llama_cpp
 from llamaspec.config import ModelConfig
 from llamaspec.policy import make_policy
 
 
-def bare(model: Model, n_ctx: int, n_rs_seq: int, tokens: int, reps: int) -> float:
+def bare(model: Model, n_ctx: int, n_rs_seq: int, tokens: int, reps: int, n_batch: int = 512,
+         outputs_all: bool = False) -> float:
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, 512, 512, 1
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = n_ctx, n_batch, n_batch, 1
+    if outputs_all and hasattr(params, "n_outputs_max_per_seq"):
+        params.n_outputs_max_per_seq = 0   # as Context sets it (device argmax of every verified row)
     params.no_perf = True
     params.n_threads = params.n_threads_batch = default_threads()   # llama-bench's -t default, as Context uses
     if hasattr(params, "n_rs_seq"):
@@ -98,21 +101,23 @@ def main() -> None:
                     "Context row takes the first)")
     a = ap.parse_args()
     rs = [int(v) for v in a.rs.split(",")]
-    init_backend()
     rows = []
-    model = Model(a.target, ModelConfig(n_ctx=a.n_ctx))
-    hybrid = model.is_hybrid or model.is_recurrent
-    rows.append(("bare (llama-bench's loop)", bare(model, a.n_ctx, 0, a.tokens, a.reps)))
-    if hybrid:
-        for n in rs:
-            rows.append((f"bare, n_rs_seq={n}", bare(model, a.n_ctx, n, a.tokens, a.reps)))
-    rows.append(("Context, host argmax", context_loop(model, a.n_ctx, 0, False, a.tokens, a.reps)))
-    rows.append(("Context, device argmax", context_loop(model, a.n_ctx, 0, True, a.tokens, a.reps)))
-    if hybrid:
-        rows.append((f"Context, device argmax, n_rs_seq={rs[0]}",
-                     context_loop(model, a.n_ctx, rs[0], True, a.tokens, a.reps)))
-    model.close()
-    with load_pair(a.target, None, n_ctx=a.n_ctx) as pair:
+    with load_pair(a.target, None, n_ctx=a.n_ctx) as pair:   # the product's load path (devices, checks)
+        model = pair.target
+        hybrid = model.is_hybrid or model.is_recurrent
+        rows.append(("bare (llama-bench's loop)", bare(model, a.n_ctx, 0, a.tokens, a.reps)))
+        if hybrid:
+            for n in rs:
+                rows.append((f"bare, n_rs_seq={n}", bare(model, a.n_ctx, n, a.tokens, a.reps)))
+        nb = pair.target_ctx.options.n_batch
+        rows.append((f"bare, n_batch=n_ubatch={nb} (Context's)", bare(model, a.n_ctx, 0, a.tokens, a.reps, nb)))
+        rows.append(("bare, n_outputs_max_per_seq=0 (Context's)",
+                     bare(model, a.n_ctx, 0, a.tokens, a.reps, outputs_all=True)))
+        rows.append(("Context, host argmax", context_loop(model, a.n_ctx, 0, False, a.tokens, a.reps)))
+        rows.append(("Context, device argmax", context_loop(model, a.n_ctx, 0, True, a.tokens, a.reps)))
+        if hybrid:
+            rows.append((f"Context, device argmax, n_rs_seq={rs[0]}",
+                         context_loop(model, a.n_ctx, rs[0], True, a.tokens, a.reps)))
         rows.append(("Pair, target only", pair_loop(pair, a.tokens, a.reps)))
     if a.draft or a.drafter:
         with load_pair(a.target, a.draft, drafter=a.drafter or "model", n_ctx=a.n_ctx) as pair:
