@@ -5,6 +5,7 @@ Prints a markdown report (also written to --out) with every command; greedy.
 
     python benchmarks/compare/bench_parallel.py --target T.gguf --draft D.gguf [--streams 4] [--k 4] \
         [--tokens 128] [--tools DIR] [--out results.md]
+    python benchmarks/compare/bench_parallel.py --target T-with-MTP.gguf --drafter mtp ...
 
 Figures: total tok/s (all streams' tokens over the wall time), each stream's tok/s (its tokens over its own time),
 and one stream's tok/s alone. The prompts are bench_engine's (code and prose), cycled to N.
@@ -32,7 +33,8 @@ from llamaspec.errors import LlamaspecError  # noqa: E402
 
 
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
-    settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k, no_repack=a.no_repack or None)
+    settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k, no_repack=a.no_repack or None,
+                    drafter=a.drafter)
     with load_pair(a.target, a.draft, **settings) as pair:
         why = batch_support(pair)   # None: one target pass for all streams; else they run one after another
         pair.generate("warm up", max_tokens=8)
@@ -60,7 +62,11 @@ def server_rows(a, prompts: list[str]) -> list[dict]:
     if exe is None or not exe.is_file():
         return [{"engine": "llama-server", "mode": f"-np {len(prompts)}", "skipped": f"{exe or 'no --tools'}: "
                  "not found"}]
-    case = peers.Case(a.target, a.draft, "draft-simple", a.ctx * len(prompts), a.ngl, a.no_repack)
+    spec_type = {"model": "draft-simple", "mtp": "draft-mtp", "lookup": "ngram-simple"}.get(a.drafter)
+    if spec_type is None:
+        return [{"engine": "llama-server", "mode": f"-np {len(prompts)}", "skipped": f"no llama.cpp drafter is "
+                 f"{a.drafter}"}]
+    case = peers.Case(a.target, a.draft, spec_type, a.ctx * len(prompts), a.ngl, a.no_repack)
     port = peers.free_port()
     cmd = peers.server_cmd(exe, case, a.k, port) + ["-np", str(len(prompts))]
     body = [peers.request_body(peers.Regime("greedy", 0.0), p, a.tokens) for p in prompts]
@@ -83,7 +89,8 @@ def server_rows(a, prompts: list[str]) -> list[dict]:
 
 
 def report(a, rows: list[dict]) -> str:
-    lines = [f"# Parallel streams: {Path(a.target).name} + {Path(a.draft).name if a.draft else 'no draft'}",
+    drafter = Path(a.draft).name if a.draft else "no draft" if a.drafter == "model" else f"drafter {a.drafter}"
+    lines = [f"# Parallel streams: {Path(a.target).name} + {drafter}",
              "", f"Hardware: {hardware()}. Greedy, draft length {a.k} (fixed), {a.tokens} tokens per stream.", "",
              "| engine | mode | total tok/s | per stream tok/s | vs one stream | tokens/pass |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -103,6 +110,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True)
     p.add_argument("--draft")
+    p.add_argument("--drafter", default="model", choices=["model", "mtp", "lookup", "lookup+model"],
+                   help="mtp: the target's own head (no --draft); llama-server gets --spec-type draft-mtp")
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--tokens", type=int, default=128)
