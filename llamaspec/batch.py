@@ -48,9 +48,10 @@ BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches
 DEFAULT_PREFILL_CHUNK = 128
 
 
-def _with_draft_model(pair) -> bool:
+def _source(pair) -> str | None:
+    """What drafts for the pair (kinds.SOURCES), None without a drafter."""
     kind = KINDS.get(pair.drafter_kind)
-    return kind is not None and kind.source == "draft"
+    return kind.source if kind is not None else None
 
 
 def batch_support(pair) -> str | None:
@@ -60,7 +61,7 @@ def batch_support(pair) -> str | None:
     if pair.drafter_kind not in BATCHED_DRAFTERS:
         return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
     why = batchable(pair.target_ctx, pair.speculative)
-    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _with_draft_model(pair) else None
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair) == "draft" else None
     if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
@@ -137,15 +138,20 @@ class BatchEngine:
         # the longest draft a slot may verify: a rejection must stay within the recurrent state's snapshots
         self.k_cap = self.target.n_rs_seq if self.target.recurrent else self.target.n_batch
         kind = pair.drafter_kind
-        self.draft_ctx = None
+        self.draft_ctx = self.mtp = None
         try:
-            if _with_draft_model(pair):
+            if _source(pair) == "draft":
                 self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.target.n_ctx)
+            elif _source(pair) == "mtp":   # the head over the shared target context, a sequence per slot
+                from .drafters.batched_mtp import BatchedMTP
+
+                self.mtp = BatchedMTP(self.target, pair.draft_ctx, n_seq)
         except BaseException:
             self.target.close()
             raise
         n_vocab = pair.n_vocab
-        self.slots = [Slot(i, seq, SeqDraft(self.draft_ctx.sequences[i], n_vocab) if self.draft_ctx else None,
+        self.slots = [Slot(i, seq, SeqDraft(self.draft_ctx.sequences[i], n_vocab) if self.draft_ctx else
+                           self.mtp.seqs[i] if self.mtp else None,
                            PromptLookupDrafter(n_vocab=n_vocab) if kind.startswith("lookup") else None)
                       for i, seq in enumerate(self.target.sequences)]
         self._scratch: dict[int, np.ndarray] = {}
@@ -290,10 +296,16 @@ class BatchEngine:
                 found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.p_min)
             if (k or probe) and s.draft is not None and not found.get(s.index, Draft([])).tokens:
                 jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.p_min)))
-        prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft is not None else []
-        if jobs or prefills:
-            for (s, found, _), draft in zip(jobs, propose_all(self.draft_ctx, [j for *_, j in jobs], prefills)):
-                found[s.index], s.from_model = draft, True
+        if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
+            drafting = {s.index for s, *_ in jobs}
+            idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
+            made = self.mtp.propose_all([j for *_, j in jobs], idle) if jobs or idle else []
+        else:
+            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft is not None \
+                else []
+            made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
+        for (s, found, _), draft in zip(jobs, made):
+            found[s.index], s.from_model = draft, True
         return drafts, probes
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
@@ -336,6 +348,8 @@ class BatchEngine:
     def close(self) -> None:
         if self.draft_ctx is not None:
             self.draft_ctx.close()
+        if self.mtp is not None:
+            self.mtp.close()
         self.target.close()
 
 

@@ -43,9 +43,10 @@ class DrafterKind:
 
     @property
     def batches(self) -> bool:
-        """Whether it drafts for several sequences of one batch (batch.py): prompt lookup and draft models do; an
-        MTP head or EAGLE-3 / DFlash draft follows the target's hidden states one sequence at a time."""
-        return self.source in ("prompt", "draft")
+        """Whether it drafts for several sequences of one batch (batch.py): prompt lookup, draft models and MTP
+        heads do (a head sequence per slot); an EAGLE-3 / DFlash draft follows the target's hidden states one
+        sequence at a time."""
+        return self.source != "hidden"
 
 
 KINDS: dict[str, DrafterKind] = {k.name: k for k in (

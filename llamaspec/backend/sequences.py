@@ -19,7 +19,7 @@ bound holds per run whatever the other runs' lengths. Beyond it keep() answers F
 that verifies drafts keeps them within `n_rs_seq`, and a prompt that does not extend a sequence's whole history
 clears it and starts over. llama.cpp hands logits rows back in the batch's order even when it reorders ubatches.
 The single-sequence methods inherited from Context (eval, keep, ...) act on sequence 0's record and are not used on
-a shared context.
+a shared context; `on_runs(runs)` takes the place of `on_decode` (an MTP head reads each run's hidden rows there).
 """
 from __future__ import annotations
 
@@ -123,6 +123,8 @@ class SharedContext(Context):
         self.n_ctx_seq = self.n_ctx // n_seq
         self.sequences = [Sequence(self, i) for i in range(n_seq)]
         self._seq_of_row = np.full(self.n_batch, -1, dtype=np.int64)   # the seq id each batch slot was given last
+        self.on_runs = None   # callback(runs) after each llama_decode, before the runs' tokens are recorded (an
+        #                       MTP head follows the target's hidden rows through it: drafters/batched_mtp.py)
 
     def _configure(self, params) -> None:
         params.n_seq_max = self.n_seq
@@ -190,6 +192,8 @@ class SharedContext(Context):
                 else:
                     run.seq.clear()
             raise DecodeError(f"llama_decode failed with code {rc} on a shared batch of {n} tokens")
+        if self.on_runs is not None:
+            self.on_runs(runs)
         if self.recurrent:   # llama.cpp's split keeps each run's last n_rs_seq + 1 tokens in one ubatch
             for seq in self.sequences:
                 seq.undoable = 0

@@ -1,0 +1,259 @@
+"""Drafting with the target's MTP head for several sequences at once (batch.py): one head context over the shared
+target context with a llama.cpp sequence per slot, each following its own sequence as drafters/mtp.py follows one.
+
+- Following the target: after every shared target decode (`SharedContext.on_runs`), each run's hidden rows go to its
+  sequence's ring (indexed by position), and that sequence's head entries the target has just overwritten with
+  other tokens are dropped. The head catches up lazily.
+- Drafting (`BatchedMTP.propose_all`): a first head decode carries every drafting sequence's catch-up (the entries
+  it is behind on) and its (last, h_{P-1}), whose output is d_1, plus the catch-up of sequences that lag by more than
+  BEHIND_MAX without drafting (a joining prompt, plain steps), so no ring loses a row its head still needs; then one
+  decode per draft depth holds (d_i, the head's own state) of every sequence still drafting. A sequence stops on its
+  own (its k, its confidence stop, a token the target lacks). Rejected drafts are never caught up on.
+The drafted tokens are the head's argmax (greedy) or draws from its filtered rows with the sequence's own generator;
+those rows are the q the target's rejection sampling reads.
+
+Knows nothing about acceptance rules or policies; BatchEngine hands it DraftJobs as it does for a draft model.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..backend.mtp import MTPContext
+from ..backend.native import llama_cpp, nextn_functions
+from ..backend.sequences import Sequence
+from ..errors import ContextOverflowError, DecodeError
+from ..sampling import Sampling, filter_logits, max_prob, sample
+from .base import Draft, ProbsBuffer, common_prefix_len
+from .mtp import BEHIND_MAX, RING_ROWS
+
+
+class SharedMTPContext(MTPContext):
+    """The MTP head of a SharedContext's model over that context: `n_seq` sequences (`sequences[i]` has seq id i,
+    the target's sequence i's head), each held to the target's n_ctx_seq. `decode_runs` decodes several sequences'
+    (token, hidden state) entries in one llama_decode."""
+
+    def __init__(self, target, n_seq: int, head=None):
+        self.n_seq, self.recurrent = n_seq, False   # the head's memory is a plain KV cache
+        super().__init__(target, head)
+        self.head = None   # a head file's model stays its pair's: closing this context leaves it open
+        self.n_ctx_seq = target.n_ctx_seq
+        self.sequences = [Sequence(self, i) for i in range(n_seq)]
+        self._seq_ids = (ctypes.c_int32 * n_seq)(*range(n_seq))
+        base = ctypes.addressof(self._seq_ids)
+        self._seq_ptrs = [ctypes.cast(base + i * ctypes.sizeof(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32))
+                          for i in range(n_seq)]
+        self._seq_of_row = np.zeros(self.n_batch, dtype=np.int64)   # MTPContext pointed every row at seq 0
+
+    def _configure(self, params) -> None:
+        super()._configure(params)
+        params.n_seq_max = self.n_seq
+        params.kv_unified = True
+
+    def decode_runs(self, runs: list[tuple]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Decode runs of (sequence, tokens, hidden states (one row per token), output) in one llama_decode; for each
+        run with output its last entry's (logits row view, copy of the head's output state), else None."""
+        n = sum(len(r[1]) for r in runs)
+        if not 0 < n <= self.n_batch:
+            raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
+        start, outputs = 0, []
+        for seq, tokens, states, output in runs:
+            m = len(tokens)
+            if seq.n_past + m > self.n_ctx_seq:
+                raise ContextOverflowError(f"the MTP head's sequence {seq.seq_id} is full: {seq.n_past} + {m} "
+                                           f"entries exceed its {self.n_ctx_seq}")
+            end = start + m
+            self._pair_tok[start:end] = tokens
+            self._pair_pos[start:end] = np.arange(seq.n_past, seq.n_past + m, dtype=np.int32)
+            self._pair_embd[start:end] = states
+            self._pair_out[start:end] = 0
+            if output:
+                self._pair_out[end - 1] = 1
+                outputs.append(end - 1)
+            for i in np.flatnonzero(self._seq_of_row[start:end] != seq.seq_id):   # ctypes stores where it changed
+                self._pair_seq[start + i] = self._seq_ptrs[seq.seq_id]
+            self._seq_of_row[start:end] = seq.seq_id
+            start = end
+        self._pair_batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
+        ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 and outputs else None   # waits for the device
+        self.decode_calls += 1
+        if rc != 0:
+            for seq, *_ in runs:   # whatever part llama.cpp stored goes: every sequence is as before
+                llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, seq.n_past, -1)
+            raise DecodeError(f"llama_decode failed with code {rc} on the MTP head's batch of {n} entries")
+        for seq, tokens, *_ in runs:
+            seq.tokens.extend(int(t) for t in tokens)
+        logits = self._logits_view(ptr, len(outputs)) if outputs else None
+        ith = nextn_functions()[0].llama_get_embeddings_nextn_ith
+        rows, j = [], 0
+        for *_, output in runs:
+            if not output:
+                rows.append(None)
+                continue
+            state = ith(self._ptr, outputs[j])
+            if not state:
+                raise DecodeError("llama.cpp returned no output state for the MTP head's entry")
+            rows.append((logits[j], np.ctypeslib.as_array(state, shape=(self.n_embd,)).copy()))
+            j += 1
+        return rows
+
+
+class SeqMTP:
+    """One sequence's head state: a ring of the target's hidden states by position, and how far the head's entries
+    are made from target states (`valid`); the same bookkeeping as MTPDrafter's for one sequence."""
+
+    def __init__(self, seq: Sequence, n_vocab_target: int, ring_rows: int):
+        self.seq, self.n_vocab = seq, n_vocab_target
+        self.valid = 0                     # head positions < valid hold entries made from target states
+        self.base = 0                      # len(history) at the last proposal
+        self.sampling: Sampling | None = None
+        self.ring = np.zeros((ring_rows, seq.shared.n_embd), dtype=np.float32)
+        self.ring_pos = np.full(ring_rows, -1, dtype=np.int64)
+        self._probs = ProbsBuffer(n_vocab_target)
+        self._scratch = np.empty(n_vocab_target, dtype=np.float32)
+
+    def begin(self, history, sampling: Sampling | None) -> None:
+        self.sampling = sampling
+
+    def accepted(self, n_accepted: int) -> None:
+        # the accepted drafts' entries were made from the head's own states: they are caught up on properly later
+        self.seq.keep(min(self.base + 1, self.seq.n_past))
+
+    def follow(self, tokens, first_position: int, rows: np.ndarray) -> None:
+        """The target decoded `tokens` at first_position.. on this sequence, with hidden states `rows`."""
+        if first_position < self.valid:    # the target went back: keep the head's entries that still match
+            self.valid = first_position + common_prefix_len(self.seq.tokens[first_position:self.valid], tokens)
+            self.seq.keep(self.valid)
+        n, size = len(rows), len(self.ring)
+        slots = (first_position + np.arange(n)) % size
+        self.ring[slots] = rows
+        self.ring_pos[slots] = first_position + np.arange(n)
+
+    def lag(self, history) -> int:
+        return len(history) - min(self.valid, len(history))
+
+    def catch_up(self, history, end: int, last: int | None = None) -> tuple[list[int], np.ndarray]:
+        """The entries the head lacks for positions n_past..end-1 (history[p] with h_{p-1}) and, when `last` is
+        given, (last, h_{end-1}) at end, with their states. States the ring no longer has: it starts over at end."""
+        seq = self.seq
+        seq.keep(self.valid)                                # drop the entries made while drafting
+        if seq.n_past > end:
+            seq.keep(end)
+        start = seq.n_past
+        entries = list(history[start:end]) + ([last] if last is not None else [])
+        positions = np.arange(start - 1, start - 1 + len(entries))
+        slots = positions % len(self.ring)
+        if ((self.ring_pos[slots] == positions) | (positions < 0)).all():
+            states = self.ring[slots]                       # a copy (fancy indexing)
+            states[positions < 0] = 0.0                     # position 0 has no state before it
+        else:                                               # lost (or before position 0): begin afresh at end
+            seq.clear()
+            seq.tokens.extend([-1] * end)                   # -1: never decoded here, matches no token
+            entries = [last] if last is not None else []
+            slot = (end - 1) % len(self.ring)
+            known = end > 0 and self.ring_pos[slot] == end - 1
+            states = self.ring[[slot]] if known else np.zeros((1, self.ring.shape[1]), dtype=np.float32)
+            states = states[:len(entries)]
+        self.valid = seq.n_past + len(entries) if entries else seq.n_past
+        return entries, states
+
+    def choose(self, row: np.ndarray, i: int, p_min: float, dists: list) -> int | None:
+        """The draft token from the head's logits row (greedy: argmax; sampling: a draw from the filtered row, kept
+        in `dists`), or None where the draft stops: unsure (p_min) or a token the target lacks."""
+        if self.sampling is None:
+            token = int(row.argmax())
+            confidence = max_prob(row, self._scratch, row[token]) if p_min > 0 else 1.0
+        else:
+            q = filter_logits(row, self.sampling.config, self._probs.rows(i + 1)[i])
+            token = sample(q, self.sampling.rng)
+            confidence = q.max_prob() if p_min > 0 else 1.0
+            dists.append(q)
+        return None if confidence < p_min or not 0 <= token < self.n_vocab else token
+
+
+class BatchedMTP:
+    """The head context and one SeqMTP per sequence of the shared target context `target`; `head_ctx`: the pair's
+    own MTPContext (whose model, the target's or a head file, it runs)."""
+
+    def __init__(self, target, head_ctx: MTPContext, n_seq: int):
+        self.target = target
+        self.ctx = SharedMTPContext(target, n_seq, head_ctx.head)
+        rows = max(RING_ROWS, target.n_batch + 2 * BEHIND_MAX + 2)   # what a head may lag plus one decode
+        self.seqs = [SeqMTP(s, target.n_vocab, rows) for s in self.ctx.sequences]
+        target.on_runs = self._follow
+
+    def _follow(self, runs) -> None:
+        hidden = self.target.hidden_rows(sum(len(r.tokens) for r in runs))
+        start = 0
+        for run in runs:
+            m = len(run.tokens)
+            self.seqs[run.seq.seq_id].follow(run.tokens, run.seq.n_past, hidden[start:start + m])
+            start += m
+
+    def propose_all(self, jobs: list, idle: list[tuple[SeqMTP, list[int]]]) -> list[Draft]:
+        """Draft for every job (batched.DraftJob over a SeqMTP) together; `idle`: (SeqMTP, history) of sequences
+        not drafting, caught up in the first decode where they lag by more than BEHIND_MAX. Each job's Draft."""
+        runs = []
+        for job in jobs:
+            seq, position = job.draft, len(job.history)
+            seq.valid = min(seq.valid, position)             # past the history: rejected tokens
+            seq.base = position
+            seq._probs.rows(job.max_len)                      # grown before the draft's rows land in it
+            runs.append((seq.seq, *seq.catch_up(job.history, position, job.last), True))
+        for seq, history in idle:
+            if seq.lag(history) > BEHIND_MAX:
+                seq.valid = min(seq.valid, len(history))
+                entries, states = seq.catch_up(history, len(history))
+                if entries:
+                    runs.append((seq.seq, entries, states, False))
+        tokens: list[list[int]] = [[] for _ in jobs]
+        dists: list[list] = [[] for _ in jobs]
+        states: list[np.ndarray | None] = [None] * len(jobs)
+        firsts = iter(range(len(jobs)))
+
+        def take(j: int, rows, i: int) -> None:
+            job = jobs[j]
+            token = job.draft.choose(rows[0], i, job.p_min, dists[j])
+            if token is not None:
+                tokens[j].append(token)
+                states[j] = rows[1]
+
+        for batch in _packed(runs, self.ctx.n_batch):
+            for rows in self.ctx.decode_runs(batch):
+                if rows is not None:
+                    take(next(firsts), rows, 0)
+        live, i = [j for j, job in enumerate(jobs) if 0 < len(tokens[j]) < job.max_len], 1
+        while live:
+            got = self.ctx.decode_runs([(jobs[j].draft.seq, tokens[j][-1:], states[j][None], True) for j in live])
+            for j, rows in zip(live, got):
+                take(j, rows, i)
+            live = [j for j in live if len(tokens[j]) == i + 1 < jobs[j].max_len]
+            i += 1
+        return [Draft(t, d[:len(t)] if job.draft.sampling is not None else None)
+                for t, d, job in zip(tokens, dists, jobs)]
+
+    def close(self) -> None:
+        if self.target.on_runs == self._follow:
+            self.target.on_runs = None
+        self.ctx.close()
+
+
+def _packed(runs: list[tuple], n_batch: int) -> list[list[tuple]]:
+    """The runs in batches of at most n_batch entries, in order; a run too long for what is left of a batch is
+    split (its output, if any, on its last part)."""
+    batches, batch, size = [], [], 0
+    for seq, entries, states, output in runs:
+        a = 0
+        while a < len(entries):
+            if size == n_batch:
+                batches.append(batch)
+                batch, size = [], 0
+            b = min(len(entries), a + n_batch - size)
+            batch.append((seq, entries[a:b], states[a:b], output and b == len(entries)))
+            size += b - a
+            a = b
+    if batch:
+        batches.append(batch)
+    return batches
