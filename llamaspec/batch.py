@@ -73,10 +73,20 @@ def shrink_own_contexts(pair) -> None:
     freeing the rest of their KV caches, for a pair whose requests all run in a BatchEngine's shared contexts
     (serve --parallel): those then hold the only full-size caches. Call it before the engine is made, so the
     full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
-    policy, measured costs, batch size and settings stay."""
+    policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
+    first and made again over the target's new one (at its size)."""
+    from .backend.mtp import MTPContext
+
+    heads = [c for c in (pair.drafter.contexts if pair.drafter is not None else ()) if isinstance(c, MTPContext)]
+    follow = pair.target_ctx.on_decode   # the head's drafter follows the target through it
+    for head in heads:
+        head.release()
     for ctx in (pair.target_ctx, pair.draft_ctx):
-        if ctx is not None and ctx.n_ctx > ctx.n_batch:
+        if ctx is not None and ctx not in heads and ctx.n_ctx > ctx.n_batch:
             ctx.remake(ctx.n_batch)
+    for head in heads:
+        head.remake_over_target()
+    pair.target_ctx.on_decode = follow
     pair.reset()
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from support.arch_models import make_arch_model
 from support.chisq import assert_follows
+from support.mtp_models import make_mtp_model, split_mtp_head
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
 from llamaspec.batch import batch_support
@@ -216,6 +217,117 @@ def test_a_hybrid_slot_reused_for_another_prompt_gives_its_alone_output(arch_dir
         third = p.generate_batch([prompts[2], prompts[0]], max_tokens=10)
         assert [c.tokens for c in again + third] == [c.tokens for c in alone(p, prompts[:2] + prompts[2:] +
                                                                              prompts[:1], max_tokens=10)]
+
+
+def mtp_target(arch_dir):
+    """The tiny qwen35 with an MTP head that agrees with it often but not always (test_mtp's AGREE_MIX)."""
+    return make_mtp_model("qwen35", arch_dir, head="agree", trunk_mix=0.1)
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "lookup+mtp"])
+def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
+    """The target's MTP head drafts for every slot of a qwen35 batch (one head sequence per slot, following its
+    slot's rows of the shared decodes): each prompt's tokens are the ones it gets alone, and so are its drafts (the
+    same drafted and accepted counts: the head's cache of each slot holds what it holds alone); a later batch that
+    extends the first one's replies reuses the slots' caches (the heads drop what the target overwrote)."""
+    with load_pair(str(mtp_target(arch_dir)), drafter=drafter, policy="fixed", draft_max=3, **SETTINGS) as p:
+        assert batch_support(p) is None
+        head = p.draft_ctx
+        calls = head.decode_calls
+        expected = alone(p, HYBRID_PROMPTS, max_tokens=20)
+        head_calls_alone = head.decode_calls - calls
+        got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=20)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert [(c.stats.drafted, c.stats.accepted) for c in got] == \
+            [(c.stats.drafted, c.stats.accepted) for c in expected]
+        drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
+        assert 0 < accepted < drafted   # drafts used, and rolled back within the snapshots where rejected
+        engine = p._batch
+        assert engine.mtp is not None and engine.target.recurrent
+        assert engine.target.decode_calls < sum(c.stats.target_passes for c in expected)   # slots verified together
+        assert engine.mtp.ctx.decode_calls < head_calls_alone                              # and drafted together
+        prompts = [q + c.tokens + [6, 6] for q, c in zip(HYBRID_PROMPTS[:3], got)] + [[7, 7, 8]]
+        again = p.generate_batch(prompts, n_seq=4, max_tokens=12)
+        assert again[0].stats.prompt_tokens_cached >= len(prompts[0]) - 3
+        assert [c.tokens for c in again] == [c.tokens for c in alone(p, prompts, max_tokens=12)]
+
+
+def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir):
+    """A random head (its drafts depend on the hidden states it reads and on its whole cache): every proposal a
+    slot's head makes in a batch is the one the head makes alone at the same history, so each head sequence reads
+    its own slot's rows of the shared decodes, at the right positions."""
+    path = make_mtp_model("qwen35", arch_dir, head="random")
+    with load_pair(str(path), drafter="mtp", policy="fixed", draft_max=3, **SETTINGS) as p:
+        solo: dict = {}
+        propose = p.drafter.propose
+
+        def recording(history, last, max_len, p_min):
+            draft = propose(history, last, max_len, p_min)
+            solo[(*history, last)] = draft.tokens
+            return draft
+
+        p.drafter.propose = recording
+        expected = alone(p, HYBRID_PROMPTS, max_tokens=16)
+        engine = p.batch_engine(4, p.n_ctx * 4)
+        batched: dict = {}
+        propose_all = engine.mtp.propose_all
+
+        def recording_all(jobs, idle):
+            drafts = propose_all(jobs, idle)
+            batched.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
+            return drafts
+
+        engine.mtp.propose_all = recording_all
+        got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=16)
+        assert p._batch is engine
+    assert [c.tokens for c in got] == [c.tokens for c in expected]
+    assert len(batched) > 2 * len(HYBRID_PROMPTS) and batched == solo
+
+
+def test_sampled_mtp_tokens_under_concurrency_follow_the_target_distribution(arch_dir):
+    """The first sampled token of 200 requests, four at a time with their own seeds, drafted by the MTP head (draws
+    from its filtered rows, those rows the q of rejection sampling): chi-square against the target's filtered row."""
+    cfg = SamplerConfig(temperature=1.0, top_k=8)
+    prompt = HYBRID_PROMPTS[0]
+    with load_pair(str(mtp_target(arch_dir)), drafter="mtp", policy="fixed", draft_max=3, **SETTINGS) as p:
+        ctx = p.target_ctx
+        ctx.clear()
+        target = filtered_probs(np.array(ctx.eval(prompt, logits="last")[0]), cfg).astype(np.float64)
+        ctx.clear()
+        n = 200
+        got = p.generate_batch([prompt] * n, n_seq=4, requests=[dict(max_tokens=2, temperature=1.0, top_k=8, seed=s)
+                                                                  for s in range(n)])
+        assert p._batch.mtp is not None
+    counts = np.bincount([c.tokens[0] for c in got], minlength=len(target)).astype(np.float64)
+    assert 0 < sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # accepted and rejected
+    assert_follows(counts, target)
+
+
+def test_an_mtp_head_files_pair_shrinks_and_still_batches(arch_dir, tmp_path):
+    """serve --parallel with a head file (mtp-*.gguf beside the trunk): the pair's own target and head contexts are
+    remade at one batch (the head's over the target's new context) and the pair still drafts alone; the engine's
+    head context runs the head file's model, which stays open when the engine closes."""
+    from llamaspec.batch import shrink_own_contexts
+
+    trunk, head_file = tmp_path / "tiny.gguf", tmp_path / "mtp-tiny.gguf"
+    split_mtp_head(mtp_target(arch_dir), trunk, head_file)
+    n_ctx = 1024
+    with load_pair(str(trunk), str(head_file), drafter="mtp", policy="fixed", draft_max=3,
+                   **{**SETTINGS, "n_ctx": n_ctx}) as p:
+        prompts = HYBRID_PROMPTS[:3]
+        expected = alone(p, prompts, max_tokens=12)
+        shrink_own_contexts(p)
+        # llama.cpp makes a context of at least 256 tokens
+        assert p.target_ctx.n_ctx == max(p.target_ctx.n_batch, 256) < n_ctx
+        assert p.draft_ctx.n_ctx == p.target_ctx.n_ctx and p.draft_ctx.head is not None
+        again = alone(p, prompts, max_tokens=12)
+        assert [(c.tokens, c.stats.accepted) for c in again] == [(c.tokens, c.stats.accepted) for c in expected]
+        got = p.generate_batch(prompts, n_ctx=n_ctx, max_tokens=12)
+        assert p._batch.mtp is not None and sum(c.stats.accepted for c in got) > 0
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        p._batch.close()
+        p._batch = None
+        assert [c.tokens for c in alone(p, prompts[:1], max_tokens=12)] == [expected[0].tokens]   # head file open
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])

@@ -113,6 +113,16 @@ class MTPContext(Context):
             self.head.close()
             self.head = None
 
+    def release(self) -> None:
+        """Free the llama.cpp context (a head file's model stays) before its target's context is remade; then
+        remake_over_target() makes it again, empty, over the target's new one."""
+        head, self.head = self.head, None
+        self.close()
+        self.head = head
+
+    def remake_over_target(self) -> None:
+        MTPContext.__init__(self, self.target, self.head)
+
     def _configure(self, params) -> None:
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         params.ctx_other = self._target_ptr
