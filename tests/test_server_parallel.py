@@ -12,7 +12,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from test_server import OpenStream, health, post, start_server, wait_until  # noqa: E402
+from test_server import OpenStream, health, metric, post, start_server, wait_until  # noqa: E402
 
 N_SLOTS = 4
 N_REQUESTS = 12
@@ -100,3 +100,31 @@ def test_beyond_the_slots_and_the_queue_answers_429(server):
 def test_the_model_card_shows_the_served_context_not_the_shrunk_own_one(server):
     card = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["llamaspec"]
     assert card["n_ctx"] == 1024   # the slots' shared context (the pair's own holds one batch now)
+
+
+def test_mtp_head_slots_give_each_request_its_alone_reply(tmp_path):
+    """serve --parallel with the target's MTP head as a head file (mtp-*.gguf, llama.cpp's -md spelling) on a tiny
+    qwen35: the head drafts for the slots together and each concurrent reply is the one the request gets alone."""
+    from support.mtp_models import make_mtp_model, split_mtp_head
+    from llamaspec import load_pair
+
+    trunk, head = tmp_path / "tiny.gguf", tmp_path / "mtp-tiny.gguf"
+    split_mtp_head(make_mtp_model("qwen35", tmp_path, head="agree", trunk_mix=0.1), trunk, head)
+    prompts = [[3 + i, 17, 42 + i, 99, 5] for i in range(8)]
+    with load_pair(str(trunk), str(head), n_ctx=1024, n_threads=1, flash_attn="off") as pair:
+        assert pair.drafter_kind == "mtp"
+        expected = [pair.generate(q, max_tokens=16).text for q in prompts]
+    srv = start_server({"target": trunk, "head": head}, tmp_path / "server.log", "-np", "4", "-fa", "off",
+                       n_ctx=1024, draft="head")
+    try:
+        assert "drafter mtp" in srv.stderr() and "4 slots" in srv.stderr() and "unavailable" not in srv.stderr()
+        start = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda i: text_of(post(srv.url, "/v1/completions", {
+                "prompt": prompts[i], "max_tokens": 16, "temperature": 0, "stream": i % 2 == 0}), i % 2 == 0),
+                range(len(prompts))))
+        assert time.monotonic() - start < TIME_LIMIT_S
+        assert replies == expected
+        assert metric(srv.url, "llamaspec_draft_tokens_accepted_total") > 0   # the head's drafts were used
+    finally:
+        srv.stop()
