@@ -3,7 +3,9 @@
 A `BatchEngine` holds `n_seq` slots over a shared target context (and a shared draft context for a draft model):
 each slot is one request with its own history, sampler and seed, draft-length policy, statistics and stop strings,
 on its own sequence id (backend/sequences.py). `step()` runs one round for all of them:
-1. draft: prompt lookup per slot (free), the draft model for all slots together (drafters/batched.py);
+1. draft: prompt lookup per slot (free), the draft model (drafters/batched.py) or the target's MTP head
+   (drafters/batched_mtp.py: a head sequence per slot, following its slot's rows of the target decodes) for all
+   slots together;
 2. one target decode: every active slot's [last, d_1..d_k] with all rows, plus a bounded chunk of a joining slot's
    prompt (`prefill_chunk` tokens), so a new request never stalls the others for more than one chunk;
 3. each slot accepts with its own rule (modes.py, the same functions as Pair's, reading the rows this decode
@@ -13,12 +15,12 @@ in one batch and, on a recurrent / hybrid target, to the target's recurrent-stat
 rejection never goes back further than they reach; what a policy that knows the batch's cost would do (drafting less
 as more slots share a pass) is not here yet.
 
-Which pairs batch: with no drafter, prompt lookup, a draft model or lookup+model, an attention target, and a
-recurrent / hybrid one (Qwen3.5, ...) where llama.cpp keeps rollback snapshots for it (or with no drafter: nothing
-is ever rolled back) and an attention draft model. MTP, EAGLE-3 and DFlash drafters follow the target's hidden
-states one sequence at a time, and a recurrent draft model would need per-sequence checkpoints: `generate_batch`
-runs those one prompt after another (`batch_support` says why). Knows nothing about HTTP; text is decoded as in
-text.py.
+Which pairs batch: with no drafter, prompt lookup, a draft model, an MTP head or a lookup+ combination of them
+(kinds.py: DrafterKind.batches), an attention target, and a recurrent / hybrid one (Qwen3.5, ...) where llama.cpp
+keeps rollback snapshots for it (or with no drafter: nothing is ever rolled back) and an attention draft model.
+EAGLE-3 and DFlash drafters follow the target's hidden states one sequence at a time, and a recurrent draft model
+would need per-sequence checkpoints: `generate_batch` runs those one prompt after another (`batch_support` says
+why). Knows nothing about HTTP; text is decoded as in text.py.
 """
 from __future__ import annotations
 
@@ -309,10 +311,9 @@ class BatchEngine:
         if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
             drafting = {s.index for s, *_ in jobs}
             idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
-            made = self.mtp.propose_all([j for *_, j in jobs], idle) if jobs or idle else []
+            made = self.mtp.propose_all([j for *_, j in jobs], idle)
         else:
-            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft is not None \
-                else []
+            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft else []
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True

@@ -252,11 +252,12 @@ def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
         assert [c.tokens for c in again] == [c.tokens for c in alone(p, prompts, max_tokens=12)]
 
 
-def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir):
+@pytest.mark.parametrize("arch", ["qwen35", "glm4moe"])   # a hybrid target and an attention one
+def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch):
     """A random head (its drafts depend on the hidden states it reads and on its whole cache): every proposal a
     slot's head makes in a batch is the one the head makes alone at the same history, so each head sequence reads
     its own slot's rows of the shared decodes, at the right positions."""
-    path = make_mtp_model("qwen35", arch_dir, head="random")
+    path = make_mtp_model(arch, arch_dir, head="random")
     with load_pair(str(path), drafter="mtp", policy="fixed", draft_max=3, **SETTINGS) as p:
         solo: dict = {}
         propose = p.drafter.propose

@@ -17,6 +17,7 @@ Knows nothing about acceptance rules or policies; BatchEngine hands it DraftJobs
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
 
@@ -76,8 +77,10 @@ class SharedMTPContext(MTPContext):
             self._seq_of_row[start:end] = seq.seq_id
             start = end
         self._pair_batch.n_tokens = n
+        t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
         ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 and outputs else None   # waits for the device
+        self.decode_seconds += time.perf_counter() - t0
         self.decode_calls += 1
         if rc != 0:
             for seq, *_ in runs:   # whatever part llama.cpp stored goes: every sequence is as before
