@@ -134,8 +134,20 @@ class SeqMTP:
         self.ring[slots] = rows
         self.ring_pos[slots] = first_position + np.arange(n)
 
-    def lag(self, history) -> int:
-        return len(history) - min(self.valid, len(history))
+    def start(self, history, last: int, max_len: int) -> tuple[list[int], np.ndarray]:
+        """The first run of a proposal: the entries the head lacks of `history`, then (last, h_{P-1})."""
+        position = len(history)
+        self.valid = min(self.valid, position)            # past the history: rejected tokens
+        self.base = position
+        self._probs.rows(max_len)                         # grown before the draft's rows land in it
+        return self.catch_up(history, position, last)
+
+    def behind(self, history) -> tuple[list[int], np.ndarray] | None:
+        """A sequence not drafting: its catch-up where it lags by more than BEHIND_MAX, else None."""
+        if len(history) - min(self.valid, len(history)) <= BEHIND_MAX:
+            return None
+        self.valid = min(self.valid, len(history))
+        return self.catch_up(history, len(history))
 
     def catch_up(self, history, end: int, last: int | None = None) -> tuple[list[int], np.ndarray]:
         """The entries the head lacks for positions n_past..end-1 (history[p] with h_{p-1}) and, when `last` is
@@ -151,7 +163,7 @@ class SeqMTP:
         if ((self.ring_pos[slots] == positions) | (positions < 0)).all():
             states = self.ring[slots]                       # a copy (fancy indexing)
             states[positions < 0] = 0.0                     # position 0 has no state before it
-        else:                                               # lost (or before position 0): begin afresh at end
+        else:                                               # lost: begin afresh at end
             seq.clear()
             seq.tokens.extend([-1] * end)                   # -1: never decoded here, matches no token
             entries = [last] if last is not None else []
@@ -198,19 +210,10 @@ class BatchedMTP:
     def propose_all(self, jobs: list, idle: list[tuple[SeqMTP, list[int]]]) -> list[Draft]:
         """Draft for every job (batched.DraftJob over a SeqMTP) together; `idle`: (SeqMTP, history) of sequences
         not drafting, caught up in the first decode where they lag by more than BEHIND_MAX. Each job's Draft."""
-        runs = []
-        for job in jobs:
-            seq, position = job.draft, len(job.history)
-            seq.valid = min(seq.valid, position)             # past the history: rejected tokens
-            seq.base = position
-            seq._probs.rows(job.max_len)                      # grown before the draft's rows land in it
-            runs.append((seq.seq, *seq.catch_up(job.history, position, job.last), True))
+        runs = [(job.draft.seq, *job.draft.start(job.history, job.last, job.max_len), True) for job in jobs]
         for seq, history in idle:
-            if seq.lag(history) > BEHIND_MAX:
-                seq.valid = min(seq.valid, len(history))
-                entries, states = seq.catch_up(history, len(history))
-                if entries:
-                    runs.append((seq.seq, entries, states, False))
+            if (late := seq.behind(history)) is not None and late[0]:
+                runs.append((seq.seq, *late, False))
         tokens: list[list[int]] = [[] for _ in jobs]
         dists: list[list] = [[] for _ in jobs]
         states: list[np.ndarray | None] = [None] * len(jobs)
