@@ -287,7 +287,8 @@ def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch):
 
 def test_sampled_mtp_tokens_under_concurrency_follow_the_target_distribution(arch_dir):
     """The first sampled token of 200 requests, four at a time with their own seeds, drafted by the MTP head (draws
-    from its filtered rows, those rows the q of rejection sampling): chi-square against the target's filtered row."""
+    from its filtered rows, those rows the q of rejection sampling): chi-square against the target's filtered row;
+    and the second token behind the most frequent first one against the target's row after it."""
     cfg = SamplerConfig(temperature=1.0, top_k=8)
     prompt = HYBRID_PROMPTS[0]
     with load_pair(str(mtp_target(arch_dir)), drafter="mtp", policy="fixed", draft_max=3, **SETTINGS) as p:
@@ -296,12 +297,19 @@ def test_sampled_mtp_tokens_under_concurrency_follow_the_target_distribution(arc
         target = filtered_probs(np.array(ctx.eval(prompt, logits="last")[0]), cfg).astype(np.float64)
         ctx.clear()
         n = 200
-        got = p.generate_batch([prompt] * n, n_seq=4, requests=[dict(max_tokens=2, temperature=1.0, top_k=8, seed=s)
+        got = p.generate_batch([prompt] * n, n_seq=4, requests=[dict(max_tokens=3, temperature=1.0, top_k=8, seed=s)
                                                                   for s in range(n)])
         assert p._batch.mtp is not None
-    counts = np.bincount([c.tokens[0] for c in got], minlength=len(target)).astype(np.float64)
-    assert 0 < sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # accepted and rejected
-    assert_follows(counts, target)
+        counts = np.bincount([c.tokens[0] for c in got], minlength=len(target)).astype(np.float64)
+        assert 0 < sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # accepted and rejected
+        assert_follows(counts, target)
+        # the second token behind the most frequent first one: drafted (or drawn) after that first step's rollback
+        first = int(np.argmax(counts))
+        ctx.clear()
+        p2 = filtered_probs(np.array(ctx.eval(prompt + [first], logits="last")[0]), cfg).astype(np.float64)
+        second = [c.tokens[1] for c in got if c.tokens[0] == first]
+        assert len(second) >= 60, len(second)
+        assert_follows(np.bincount(second, minlength=len(p2)).astype(np.float64), p2)
 
 
 def test_an_mtp_head_files_pair_shrinks_and_still_batches(arch_dir, tmp_path):
