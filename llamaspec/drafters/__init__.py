@@ -3,7 +3,9 @@ tokens with their distributions when sampling, learn how many were accepted) and
 `make_drafter` builds one from its descriptor. A new kind is one new module plus one descriptor.
 
 Drafters know nothing about acceptance rules, policies or the target's cache (the MTP, EAGLE-3 and DFlash drafters
-follow the target's decodes, through the target context's `on_decode`, not its cache).
+follow the target's decodes, through the target context's `on_decode`, not its cache). For several sequences at
+once (batch.py) a draft model drafts through batched.py and an MTP head through batched_mtp.py (which follows a
+shared target context's `on_runs`).
 """
 from __future__ import annotations
 
