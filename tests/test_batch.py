@@ -248,7 +248,9 @@ def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
         assert engine.mtp.ctx.decode_calls < head_calls_alone                              # and drafted together
         prompts = [q + c.tokens + [6, 6] for q, c in zip(HYBRID_PROMPTS[:3], got)] + [[7, 7, 8]]
         again = p.generate_batch(prompts, n_seq=4, max_tokens=12)
-        assert again[0].stats.prompt_tokens_cached >= len(prompts[0]) - 3
+        # a hybrid slot is reused where the prompt extends all its sequence holds (accepted drafts past max_tokens
+        # included): the head keeps its entries there and drops what the target overwrites elsewhere
+        assert max(c.stats.prompt_tokens_cached for c in again) >= len(HYBRID_PROMPTS[0])
         assert [c.tokens for c in again] == [c.tokens for c in alone(p, prompts, max_tokens=12)]
 
 
