@@ -77,16 +77,14 @@ def shrink_own_contexts(pair) -> None:
     full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
     policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
     first and made again over the target's new one (at its size)."""
-    from .backend.mtp import MTPContext
-
-    heads = [c for c in (pair.drafter.contexts if pair.drafter is not None else ()) if isinstance(c, MTPContext)]
-    follow = pair.target_ctx.on_decode   # the head's drafter follows the target through it
-    for head in heads:
+    head = pair.draft_ctx if _source(pair) == "mtp" else None
+    follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
+    if head is not None:
         head.release()
-    for ctx in (pair.target_ctx, pair.draft_ctx):
-        if ctx is not None and ctx not in heads and ctx.n_ctx > ctx.n_batch:
+    for ctx in (pair.target_ctx, pair.draft_ctx if head is None else None):
+        if ctx is not None and ctx.n_ctx > ctx.n_batch:
             ctx.remake(ctx.n_batch)
-    for head in heads:
+    if head is not None:
         head.remake_over_target()
     pair.target_ctx.on_decode = follow
     pair.reset()
