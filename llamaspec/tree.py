@@ -86,6 +86,7 @@ class TreeDrafter(Drafter):
         self.kind, self.contexts = inner.kind, inner.contexts
         self.siblings: dict[int, tuple[int, float]] = {}
         self.took_sibling = False
+        self.unsure = 0      # drafted positions whose top probability was below the threshold (a sibling offered)
         self._sampling = None
         self._prefix = 1.0   # the draft's chance that the chain so far stands (product of top probabilities)
         self._scratch = np.empty(inner.ctx.n_vocab, dtype=np.float32)
@@ -119,6 +120,7 @@ class TreeDrafter(Drafter):
         self._prefix *= top if q is None else q.prob(token)
 
     def _add(self, i: int, token: int, q_s: float, top: float) -> None:
+        self.unsure += 1
         if token < self.inner.n_vocab_target:
             self.siblings[i] = (token, self._prefix * q_s)   # the chance it is reached and stands, as q sees it
 

@@ -109,8 +109,17 @@ def test_a_sibling_that_stands_brings_more_tokens_per_pass():
     tree = tree_pair(3)
     a = chain_only.generate(PROMPT, max_tokens=120).stats
     b = tree.generate(PROMPT, max_tokens=120).stats
-    assert chain_only.tree.tree_passes == 0
+    assert chain_only.tree.tree_passes == 0 and chain_only.tree.drafter.unsure == 0
     assert b.target_passes < a.target_passes
+    assert tree.tree.drafter.unsure >= tree.tree.tree_passes > 0   # unsure positions offered the siblings
+
+
+def test_unsure_positions_are_counted_even_where_no_sibling_pays():
+    """The report tells a draft that was never unsure from siblings whose rows never paid."""
+    pair = tree_pair(3, settings=TreeSettings(0.99, 2))
+    pair.tree.costs = None   # no measured verify costs: no sibling row is ever known to pay
+    pair.generate(PROMPT, max_tokens=40)
+    assert pair.tree.drafter.unsure > 0 and pair.tree.tree_passes == 0
 
 
 def test_sampled_tree_keeps_the_target_distribution():

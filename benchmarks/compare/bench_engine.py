@@ -453,7 +453,8 @@ def main() -> None:
         if a.tree is not None:
             t = pair.tree
             a.tree_line = (f"- tree verification: threshold {a.tree}, at most {a.tree_siblings} siblings; "
-                           f"{t.tree_passes} of {t.passes} passes were trees, {t.siblings_taken} siblings stood")
+                           f"{t.drafter.unsure} drafted positions were unsure (a sibling offered), {t.tree_passes} of "
+                           f"{t.passes} passes were trees (the siblings' rows paid), {t.siblings_taken} siblings stood")
     finally:
         pair.close()
 
