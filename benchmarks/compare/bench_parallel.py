@@ -30,6 +30,9 @@ except ImportError:
 from llamaspec import load_pair  # noqa: E402
 from llamaspec.batch import batch_support  # noqa: E402
 from llamaspec.errors import LlamaspecError  # noqa: E402
+from llamaspec.gguf.reader import read_model_info  # noqa: E402
+from llamaspec.gguf.spec_kind import spec_kind  # noqa: E402
+from llamaspec.kinds import KINDS  # noqa: E402
 
 
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
@@ -62,7 +65,9 @@ def server_rows(a, prompts: list[str]) -> list[dict]:
     if exe is None or not exe.is_file():
         return [{"engine": "llama-server", "mode": f"-np {len(prompts)}", "skipped": f"{exe or 'no --tools'}: "
                  "not found"}]
-    spec_type = {"model": "draft-simple", "mtp": "draft-mtp", "lookup": "ngram-simple"}.get(a.drafter)
+    file_kind = spec_kind(read_model_info(a.draft)) if a.draft else None   # an EAGLE-3 / DFlash draft: its kind
+    spec_type = KINDS[file_kind].spec_type if file_kind in KINDS else \
+        {"model": "draft-simple", "mtp": "draft-mtp", "lookup": "ngram-simple"}.get(a.drafter)
     if spec_type is None:
         return [{"engine": "llama-server", "mode": f"-np {len(prompts)}", "skipped": f"no llama.cpp drafter is "
                  f"{a.drafter}"}]

@@ -23,6 +23,7 @@ from llamaspec.backend.context import Context
 from llamaspec.backend.model import Model  # noqa: F401  (the type the loops take)
 from llamaspec.backend.native import default_threads, llama_cpp
 from llamaspec.config import ModelConfig
+from llamaspec.errors import LlamaspecError
 from llamaspec.policy import make_policy
 
 
@@ -100,7 +101,22 @@ def main() -> None:
     ap.add_argument("--rs", default="3,4,12", help="n_rs_seq values for the snapshot rows (comma-separated; the "
                     "Context row takes the first)")
     a = ap.parse_args()
-    rs = [int(v) for v in a.rs.split(",")]
+    try:
+        rs = [int(v) for v in a.rs.split(",")]
+    except ValueError:
+        ap.error(f"--rs: comma-separated integers, got {a.rs!r}")
+    try:
+        rows = measure(a, rs)
+    except LlamaspecError as e:   # a missing or damaged file, a drafter the model cannot serve: one line
+        ap.error(str(e))
+    base = rows[0][1]
+    print(f"target {a.target}; {a.tokens} tokens x {a.reps} (median), context {a.n_ctx}")
+    print("| loop | tok/s | vs bare |\n|---|---|---|")
+    for name, rate in rows:
+        print(f"| {name} | {rate:.2f} | {rate / base:.3f}x |")
+
+
+def measure(a, rs: list[int]) -> list[tuple[str, float]]:
     rows = []
     with load_pair(a.target, None, n_ctx=a.n_ctx) as pair:   # the product's load path (devices, checks)
         model = pair.target
@@ -123,11 +139,7 @@ def main() -> None:
         with load_pair(a.target, a.draft, drafter=a.drafter or "model", n_ctx=a.n_ctx) as pair:
             rows.append((f"Pair with {a.drafter or 'draft model'} (n_rs_seq {pair.target_ctx.options.n_rs_seq}), "
                          "fixed k=0", pair_loop(pair, a.tokens, a.reps)))
-    base = rows[0][1]
-    print(f"target {a.target}; {a.tokens} tokens x {a.reps} (median), context {a.n_ctx}")
-    print("| loop | tok/s | vs bare |\n|---|---|---|")
-    for name, rate in rows:
-        print(f"| {name} | {rate:.2f} | {rate / base:.3f}x |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -239,7 +239,10 @@ def main() -> None:
     preset, tokenizer = PRESETS[a.preset], None
     t0 = time.time()
     if a.like:
-        preset, tokenizer = shape_of(a.like)
+        try:
+            preset, tokenizer = shape_of(a.like)
+        except (OSError, ValueError, KeyError) as e:   # missing, not a GGUF, no shape or tokenizer keys
+            ap.error(f"--like {a.like}: not a readable GGUF model with a tokenizer ({e})")
         if a.drafts == ap.get_default("drafts"):
             a.drafts = "eagle3,dflash"
         made, nxt = {"target": str(a.like)}, None
