@@ -27,7 +27,7 @@ from ..backend.sequences import Sequence
 from ..errors import ContextOverflowError, DecodeError
 from ..sampling import Sampling, filter_logits, max_prob, sample
 from .base import Draft, ProbsBuffer, common_prefix_len
-from .mtp import BEHIND_MAX, RING_ROWS
+from .mtp import BEHIND_MAX, RING_ROWS, HiddenRing
 
 
 class SharedMTPContext(MTPContext):
@@ -112,8 +112,7 @@ class SeqMTP:
         self.valid = 0                     # head positions < valid hold entries made from target states
         self.base = 0                      # len(history) at the last proposal
         self.sampling: Sampling | None = None
-        self.ring = np.zeros((ring_rows, seq.shared.n_embd), dtype=np.float32)
-        self.ring_pos = np.full(ring_rows, -1, dtype=np.int64)
+        self.ring = HiddenRing(ring_rows, seq.shared.n_embd)
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(n_vocab_target, dtype=np.float32)
 
@@ -129,10 +128,7 @@ class SeqMTP:
         if first_position < self.valid:    # the target went back: keep the head's entries that still match
             self.valid = first_position + common_prefix_len(self.seq.tokens[first_position:self.valid], tokens)
             self.seq.keep(self.valid)
-        n, size = len(rows), len(self.ring)
-        slots = (first_position + np.arange(n)) % size
-        self.ring[slots] = rows
-        self.ring_pos[slots] = first_position + np.arange(n)
+        self.ring.remember(rows, first_position)
 
     def start(self, history, last: int, max_len: int) -> tuple[list[int], np.ndarray]:
         """The first run of a proposal: the entries the head lacks of `history`, then (last, h_{P-1})."""
@@ -158,18 +154,14 @@ class SeqMTP:
             seq.keep(end)
         start = seq.n_past
         entries = list(history[start:end]) + ([last] if last is not None else [])
-        positions = np.arange(start - 1, start - 1 + len(entries))
-        slots = positions % len(self.ring)
-        if ((self.ring_pos[slots] == positions) | (positions < 0)).all():
-            states = self.ring[slots]                       # a copy (fancy indexing)
-            states[positions < 0] = 0.0                     # position 0 has no state before it
-        else:                                               # lost: begin afresh at end
+        states = self.ring.states(np.arange(start - 1, start - 1 + len(entries)))
+        if states is None:                                  # lost: begin afresh at end
             seq.clear()
             seq.tokens.extend([-1] * end)                   # -1: never decoded here, matches no token
             entries = [last] if last is not None else []
-            slot = (end - 1) % len(self.ring)
-            known = end > 0 and self.ring_pos[slot] == end - 1
-            states = self.ring[[slot]] if known else np.zeros((1, self.ring.shape[1]), dtype=np.float32)
+            states = self.ring.states(np.array([end - 1]))
+            if states is None:
+                states = np.zeros((1, self.ring.rows.shape[1]), dtype=np.float32)
             states = states[:len(entries)]
         self.valid = seq.n_past + len(entries) if entries else seq.n_past
         return entries, states

@@ -26,6 +26,39 @@ RING_ROWS = 1024
 BEHIND_MAX = 16     # positions the head may lag behind the target before _follow catches up
 
 
+
+class HiddenRing:
+    """The target's hidden state of position q at row q % rows, and which position each row holds: what an MTP head
+    reads when it catches up (one per sequence; MTPDrafter and the batched heads of drafters/batched_mtp.py)."""
+
+    def __init__(self, rows: int, n_embd: int):
+        self.rows = np.zeros((rows, n_embd), dtype=np.float32)
+        self.pos = np.full(rows, -1, dtype=np.int64)
+
+    def remember(self, rows: np.ndarray, first_position: int) -> None:
+        n, size = len(rows), len(self.rows)
+        start = first_position % size
+        if start + n <= size:                   # the usual case: one slice, no index arrays
+            self.rows[start:start + n] = rows
+            self.pos[start:start + n] = np.arange(first_position, first_position + n)
+        else:
+            slots = (first_position + np.arange(n)) % size
+            self.rows[slots] = rows
+            self.pos[slots] = first_position + np.arange(n)
+
+    def states(self, positions: np.ndarray) -> np.ndarray | None:
+        """The states at `positions` (zeros for position -1: none before the first), or None when one was lost."""
+        slots = positions % len(self.rows)
+        known = (self.pos[slots] == positions) | (positions < 0)
+        if not known.all():
+            return None
+        states = self.rows[slots]               # a copy (fancy indexing)
+        states[positions < 0] = 0.0
+        return states
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+
 class MTPDrafter(Drafter):
     """Drafts with the MTP head of the target (a backend MTPContext, which knows its target context)."""
 
@@ -43,8 +76,7 @@ class MTPDrafter(Drafter):
         self._scratch = np.empty(n_vocab_target, dtype=np.float32)    # for the confidence stop
         # the ring holds what the head may be behind on plus one decode
         rows = max(ring_rows, self.target.n_batch + 2 * BEHIND_MAX + 2)
-        self._ring = np.zeros((rows, ctx.n_embd), dtype=np.float32)   # target hidden state of position q at q % rows
-        self._ring_pos = np.full(rows, -1, dtype=np.int64)             # which position each ring row holds
+        self._ring = HiddenRing(rows, ctx.n_embd)
         self.target.on_decode = self._follow
 
     # -- following the target ----------------------------------------------------------------------------------
@@ -54,30 +86,9 @@ class MTPDrafter(Drafter):
         if first_position < self._valid:        # the target went back: keep the head's entries that still match
             self._valid = first_position + common_prefix_len(self.ctx.tokens[first_position:self._valid], tokens)
             self.ctx.keep(self._valid)
-        self._remember(self.target.hidden_rows(n), first_position)
+        self._ring.remember(self.target.hidden_rows(n), first_position)
         if first_position + n - self._valid > BEHIND_MAX:
             self._catch_up(self.target.tokens, first_position + n)
-
-    def _remember(self, rows: np.ndarray, first_position: int) -> None:
-        n, size = len(rows), len(self._ring)
-        start = first_position % size
-        if start + n <= size:                   # the usual case: one slice, no index arrays
-            self._ring[start:start + n] = rows
-            self._ring_pos[start:start + n] = np.arange(first_position, first_position + n)
-        else:
-            slots = (first_position + np.arange(n)) % size
-            self._ring[slots] = rows
-            self._ring_pos[slots] = first_position + np.arange(n)
-
-    def _states(self, positions: np.ndarray) -> np.ndarray | None:
-        """The target's hidden states at `positions` (zeros for position -1), or None when the ring lost one."""
-        slots = positions % len(self._ring)
-        known = (self._ring_pos[slots] == positions) | (positions < 0)
-        if not known.all():
-            return None
-        states = self._ring[slots]
-        states[positions < 0] = 0.0
-        return states
 
     def _catch_up(self, tokens, end: int, last: int | None = None, output: str | None = None) -> None:
         """Decode the head's entries for positions n_past..end-1 (tokens[p] with h_{p-1}) and, when `last` is given,
@@ -90,11 +101,11 @@ class MTPDrafter(Drafter):
         entries = list(tokens[start:end]) + ([last] if last is not None else [])
         if not entries:
             return
-        states = self._states(np.arange(start - 1, start - 1 + len(entries)))
+        states = self._ring.states(np.arange(start - 1, start - 1 + len(entries)))
         if states is None:                                  # lost: begin a fresh cache at `end`
             ctx.restart_at(end)
             entries = [last] if last is not None else []
-            states = self._states(np.array([end - 1]))
+            states = self._ring.states(np.array([end - 1]))
             if not entries:
                 self._valid = end
                 return
@@ -163,7 +174,7 @@ class MTPDrafter(Drafter):
     def reset(self) -> None:
         self.ctx.clear()
         self._valid = 0
-        self._ring_pos[:] = -1
+        self._ring.clear()
 
     def close(self) -> None:
         if self.target.on_decode == self._follow:
