@@ -17,6 +17,7 @@ from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
 from llamaspec.batch import batch_support
 from llamaspec.errors import InvalidParameterError, UnsupportedModelError
+from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
 PROMPTS = ["def quicksort(arr):", "The history of the printing press begins", "fn fibonacci(n: u64) -> u64 {",
@@ -283,7 +284,10 @@ def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch):
         engine.mtp.propose_all = recording_all
         got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=16)
         assert p._batch is engine
-    assert [c.tokens for c in got] == [c.tokens for c in expected]
+        p.set_policy(FixedPolicy(0))   # plain decoding: a random head's drafts are rejected at nearly every step
+        plain = alone(p, HYBRID_PROMPTS, max_tokens=16)
+    assert [c.tokens for c in got] == [c.tokens for c in expected] == [c.tokens for c in plain]
+    assert sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got) / 2
     assert len(batched) > 2 * len(HYBRID_PROMPTS) and batched == solo
 
 
