@@ -286,5 +286,8 @@ def auto_state(policy: AutoPolicy) -> str:
     points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy.model.sizes)
     acceptance = ", ".join(f"{a:.2f}" for a in policy.accept.estimates()[1:6])
     cold = f"; a cold pass {policy.switch_cost / v1:.2f} plain passes slower"
+    speeds = policy.model.speeds(policy.accept.estimates(), min(policy.k_max, 6), False)
+    predicted = ", ".join(f"k={k} {tps:.1f}" for k, tps in speeds)
     return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {t_draft / v1:.2f}, {points}{cold}; "
-            f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}")
+            f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}; the tok/s it predicts from these "
+            f"(draft and verification only) {predicted}")
