@@ -10,10 +10,11 @@ on its own sequence id (backend/sequences.py). `step()` runs one round for all o
    prompt (`prefill_chunk` tokens), so a new request never stalls the others for more than one chunk;
 3. each slot accepts with its own rule (modes.py, the same functions as Pair's, reading the rows this decode
    returned) and keeps `len(history) + 1 + n_accepted` tokens on its own sequence.
-The draft length of each slot comes from its own policy (a copy of the pair's), clamped so that all slots' runs fit
-in one batch and, on a recurrent / hybrid target, to the target's recurrent-state snapshots (n_rs_seq) so that a
-rejection never goes back further than they reach; what a policy that knows the batch's cost would do (drafting less
-as more slots share a pass) is not here yet.
+Draft lengths: a slot alone follows its own policy (a copy of the pair's) as Pair.generate would; with others, the
+`auto` slots' lengths are chosen together by the engine's BatchPolicy (policy/batch.py: the expected tokens of all
+slots over the shared pass's cost, learnt by its row count, plus the draft rounds; k = 0, plain, for a slot whose
+drafts do not pay, with shadow probes now and then), other policies keep their own k. Every length is clamped so
+that all runs fit in one batch and, on a recurrent / hybrid target, to its recurrent-state snapshots (n_rs_seq).
 
 Which pairs batch: with no drafter, prompt lookup, a draft model, an MTP head or a lookup+ combination of them
 (kinds.py: DrafterKind.batches), an attention target, and a recurrent / hybrid one (Qwen3.5, ...) where llama.cpp
@@ -40,10 +41,11 @@ from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .engine import Completion, shadow_acceptance
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
 from .kinds import KINDS
-from .policy import Hooks
+from .policy import AutoPolicy, Hooks
+from .policy.batch import BatchPolicy
 from .sampling import OPENAI, SamplerConfig, Sampling
 from .shaping import Shaper, Shaping
-from .stats import GenerationStats
+from .stats import GenerationStats, StepTimes
 from .text import Piece, StopMatcher
 
 BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
@@ -68,26 +70,6 @@ def batch_support(pair) -> str | None:
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
     return why
-
-
-def shrink_own_contexts(pair) -> None:
-    """Remake the pair's own target and draft-model contexts with room for one batch (n_ctx = their n_batch),
-    freeing the rest of their KV caches, for a pair whose requests all run in a BatchEngine's shared contexts
-    (serve --parallel): those then hold the only full-size caches. Call it before the engine is made, so the
-    full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
-    policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
-    first and made again over the target's new one (at its size)."""
-    head = pair.draft_ctx if _source(pair) == "mtp" else None
-    follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
-    if head is not None:
-        head.release()
-    for ctx in (pair.target_ctx, pair.draft_ctx if head is None else None):
-        if ctx is not None and ctx.n_ctx > ctx.n_batch:
-            ctx.remake(ctx.n_batch)
-    if head is not None:
-        head.remake_over_target()
-    pair.target_ctx.on_decode = follow
-    pair.reset()
 
 
 class _Rows:
@@ -125,6 +107,7 @@ class Slot:
         self.decoder, self.matcher = codecs.getincrementaldecoder("utf-8")(errors="replace"), StopMatcher(stops)
         self.pieces, self.done, self.n_out, self.tokens = [], False, 0, []
         self.from_model = False   # this step's draft (or probe) came from the draft model
+        self.together = False     # the batch policy chose this step's draft length (policy/batch.py)
         self.t_start = time.perf_counter()
 
     @property
@@ -165,6 +148,10 @@ class BatchEngine:
                            PromptLookupDrafter(n_vocab=n_vocab) if kind.startswith("lookup") else None)
                       for i, seq in enumerate(self.target.sequences)]
         self._scratch: dict[int, np.ndarray] = {}
+        policy = pair.policy
+        self.policy = BatchPolicy(policy.tuning if isinstance(policy, AutoPolicy) else None, pair.costs,
+                                  free_drafts=_source(pair) == "prompt")
+        self.times = StepTimes()
 
     @property
     def n_ctx_seq(self) -> int:
@@ -210,6 +197,7 @@ class BatchEngine:
         if self.pair.drafter is not None:
             slot.hooks.attach(self.pair.drafter.draft_cost, self.pair.costs)
         slot.hooks.new_request()
+        self.policy.new_request(slot.index)
         if slot.draft is not None:
             slot.draft.begin(tokens[:-1], sampling)
         if slot.lookup is not None:
@@ -267,7 +255,7 @@ class BatchEngine:
         active = [s for s in self.slots if s.ready]
         joining = next((s for s in self.slots if not s.done and s.todo), None)
         t0 = time.perf_counter()
-        drafts, probes = self._draft(active, joining)
+        drafts, probes, rounds = self._draft(active, joining, self._draft_lens(active))
         t1 = time.perf_counter()
 
         runs = [self.target.Run(s.seq, [s.last] + drafts[s.index].tokens, "all") for s in active]
@@ -283,23 +271,39 @@ class BatchEngine:
             joining.history.extend(chunk)
         rows = self.target.decode(runs) if runs else []
         t2 = time.perf_counter()
+        if runs and joining is None:   # a prompt chunk's rows cost less than verified ones: not learnt from
+            self.policy.record_step(sum(len(r.tokens) for r in runs), t2 - t1, rounds, t1 - t0)
         for slot, slot_rows_ in zip(active, rows):
             slot.rows.rows = slot_rows_
             self._accept(slot, drafts[slot.index], probes.get(slot.index), t1 - t0, t2 - t1)
         if joining is not None and not joining.todo:
             joining.stats.time_prefill = time.perf_counter() - joining.t_start
+        self.times.add(t1 - t0, t2 - t1, time.perf_counter() - t0)
         return active + ([joining] if joining is not None and joining not in active else [])
 
-    def _draft(self, active: list[Slot], joining: Slot | None) -> tuple[dict[int, Draft], dict[int, Draft]]:
+    def _draft_lens(self, active: list[Slot]) -> dict[int, tuple[int, bool]]:
+        """Each active slot's draft length, and whether it takes a one-token shadow probe on a plain step. With two
+        or more slots, the batch policy chooses for those whose policy is auto (policy/batch.py); alone, or with
+        another policy, a slot's own policy chooses, as in Pair.generate. Clamped so that all slots' runs fit in
+        one batch and a rejection stays within a recurrent target's snapshots (k_cap)."""
+        share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
+        rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
+        caps = [max(min(room, s.max_tokens - s.n_out - 1, share, self.k_cap), 0) for s, room in zip(active, rooms)]
+        ks, together = self.policy.lengths([s.policy for s in active], caps, self.target.recurrent)
+        lens = {}
+        for s, k, room, chosen in zip(active, ks, rooms, together):
+            s.together = chosen
+            due = self.policy.probe_due(s.index, k) if s.together else s.hooks.shadow_len() > 0
+            lens[s.index] = k, not k and room > 0 and self.pair.speculative and due
+        return lens
+
+    def _draft(self, active: list[Slot], joining: Slot | None, lens: dict[int, tuple[int, bool]]):
         """Each active slot's draft (empty on a plain step) and, on a plain step the policy wants judged, a one-token
         shadow probe; lookup first where the pair has it, the draft model for all the rest in one set of decodes
-        (with a chunk of the joining slot's prompt riding along)."""
-        share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
+        (with a chunk of the joining slot's prompt riding along), whose draft rounds are counted."""
         drafts, probes, jobs = {}, {}, []
         for s in active:
-            room = s.seq.n_ctx - len(s.history) - 1
-            k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, share, self.k_cap), 0)
-            probe = not k and room > 0 and self.pair.speculative and s.hooks.shadow_len() > 0
+            k, probe = lens[s.index]
             found = drafts if k else probes
             drafts[s.index], s.from_model = Draft([]), False
             if (k or probe) and s.lookup is not None:
@@ -315,7 +319,7 @@ class BatchEngine:
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True
-        return drafts, probes
+        return drafts, probes, max((len(d.tokens) for d in made), default=0)
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
         history, last, drafted = slot.history, slot.last, draft.tokens
@@ -329,8 +333,16 @@ class BatchEngine:
         slot.last = next_token
         if probe is not None:
             slot.stats.shadow_probes += 1
-            slot.hooks.shadow(shadow_acceptance(probe, next_token, target_probs), draft_seconds)
-        slot.policy.update(len(drafted), n_accepted, draft_seconds, verify_seconds)
+            chance = shadow_acceptance(probe, next_token, target_probs)
+            if slot.together:
+                slot.policy.accept.record_first(chance)
+                self.policy.probed(slot.index, chance)
+            else:
+                slot.hooks.shadow(chance, draft_seconds)
+        if not slot.together:
+            slot.policy.update(len(drafted), n_accepted, draft_seconds, verify_seconds)
+        elif drafted:   # the pass's timings are the batch's (BatchPolicy learns them): only acceptance is this slot's
+            slot.policy.accept.record_draft(len(drafted), n_accepted)
         slot.stats.record_step(len(drafted), n_accepted, draft_seconds, verify_seconds)
         for i, token in enumerate(drafted[:n_accepted] + [next_token]):
             self._emit(slot, token, i < n_accepted)

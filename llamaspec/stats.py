@@ -80,3 +80,18 @@ class GenerationStats:
             line += (f", acceptance {self.acceptance_rate:.0%}, {self.mean_accepted_length:.2f} tokens/pass"
                      f", policy {self.policy}")
         return line
+
+
+@dataclass
+class StepTimes:
+    """Where the engine's steps went, in seconds summed over `steps`: drafting, the target's decode, and all of
+    `step()` (the rest: building runs, accepting, emitting text)."""
+
+    steps: int = 0
+    draft: float = 0.0
+    decode: float = 0.0
+    total: float = 0.0
+
+    def add(self, draft: float, decode: float, total: float) -> None:
+        self.steps, self.draft, self.decode, self.total = (self.steps + 1, self.draft + draft, self.decode + decode,
+                                                           self.total + total)

@@ -1,0 +1,182 @@
+"""The draft lengths of several sequences verified in one target pass, chosen together (batch.py's slots).
+
+    tokens = sum_i tokens_i(k_i)                        (tokens_i: costs.expected_tokens with slot i's acceptance)
+    time   = rounds * t_round + t_pass(N)               (N = sum_i (k_i + 1) rows; rounds = max_i k_i)
+
+t_pass(N) is one shared target pass over N rows (a CostModel keyed by rows, seeded from the single-sequence costs
+measured at load: n rows of one sequence are a fair first guess for n rows of several), t_round one round of the
+batched drafter (one decode holding the next token of every sequence still drafting: a k-token draft takes k rounds
+whoever else drafts). `allocate` maximises tokens / time. For a fixed number of rounds r, the best N rows are the N
+largest marginals prod_{j<=k} a_ij over all (slot, position <= r) pairs (each slot's are non-increasing in k, so the
+largest N always form a prefix of every slot's draft): one sort and a scan over its prefixes per r gives the exact
+optimum. A recurrent / hybrid target pads every run to one width w, so a slot drafts min(w - 1, cap) for free rows
+and the choice is w alone.
+
+A slot given k = 0 decodes plainly and its acceptance goes stale: a one-token shadow probe every `probe_every` of
+its plain steps re-measures it, the interval doubling while probes fail, up to `max_probe_interval` (AutoTuning).
+Slots whose own policy chose their length (fixed k: the user asked for it) are fixed rows here. Knows nothing about
+models, contexts or tokens: only counts, acceptance estimates and seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .auto import AutoPolicy
+from .base import Costs
+from .costs import CostModel, expected_tokens
+from .tuning import AutoTuning
+
+
+@dataclass
+class Ask:
+    """One slot's question: at most `cap` draft tokens; `acceptances` (a_1..a_n, index 0 unused) where the batch
+    chooses its length, None where its own policy chose `k` already (then a fixed run of k + 1 rows)."""
+
+    cap: int
+    acceptances: list[float] | None = None
+    k: int = 0
+
+
+class BatchPolicy:
+    """Draft lengths for every slot of one step under a cost model of the shared pass (see the module's docstring).
+    One per BatchEngine: the machine's costs do not change between requests."""
+
+    def __init__(self, tuning: AutoTuning | None = None, costs: Costs | None = None, free_drafts: bool = False):
+        self.tuning = tuning or AutoTuning()
+        self.model = CostModel(self.tuning)   # verify[N]: the shared pass over N rows; draft: one draft round
+        self.free_drafts = free_drafts        # prompt lookup: a round costs nothing worth measuring
+        if costs is not None:
+            self.model.calibrate(costs)
+        self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval]
+        self.steps = self.decided = 0            # steps learnt from; steps whose lengths this policy chose
+        self.slot_steps = self.k_total = 0       # slot-steps it chose lengths for, and their draft tokens
+        self.plain_slot_steps = 0                # ... of them given k = 0
+
+    # -- learning -------------------------------------------------------------------------------------------
+    def record_step(self, rows: int, seconds: float, rounds: int = 0, draft_seconds: float = 0.0) -> None:
+        """A step's target pass over `rows` rows took `seconds`; its drafting took `rounds` draft rounds and
+        `draft_seconds`."""
+        self.steps += 1
+        self.model.record_pass(rows, seconds)
+        if rounds > 0 and not self.free_drafts:
+            self.model.record_draft(draft_seconds, rounds, True)
+
+    @property
+    def t_round(self) -> float | None:
+        return 0.0 if self.free_drafts else self.model.t_draft
+
+    def t_pass(self, rows: int) -> float | None:
+        return self.model.verify_time(rows)
+
+    # -- deciding -------------------------------------------------------------------------------------------
+    def lengths(self, policies: list, caps: list[int], recurrent: bool = False) -> tuple[list[int], list[bool]]:
+        """Each slot's draft length within its cap, given the slots' own policies, and whether this policy chose
+        it: for the `auto` ones while two or more slots share the pass; otherwise a slot's own next_draft_len, as
+        alone."""
+        together = [len(policies) > 1 and isinstance(p, AutoPolicy) for p in policies]
+        if not any(together):
+            return [max(min(p.next_draft_len(), cap), 0) for p, cap in zip(policies, caps)], together
+        asks = [Ask(min(cap, p.k_max), p.accept.estimates()) if chosen else Ask(cap, None, p.next_draft_len())
+                for p, cap, chosen in zip(policies, caps, together)]
+        return self.allocate(asks, recurrent), together
+
+    def allocate(self, asks: list[Ask], recurrent: bool = False) -> list[int]:
+        """The draft length of each slot (see the module's docstring); each within its cap."""
+        ks = [max(min(a.k, a.cap), 0) if a.acceptances is None else 0 for a in asks]
+        chosen = [i for i, a in enumerate(asks) if a.acceptances is not None and a.cap > 0]
+        caps = {i: min(asks[i].cap, len(asks[i].acceptances) - 1) for i in chosen}
+        if chosen:
+            curve = self.model.verify_curve(len(asks) * (max(max(a.cap, a.k) for a in asks) + 1), False)
+            if not curve or self.t_round is None:   # nothing measured yet: auto's measuring draft for all
+                for i in chosen:
+                    ks[i] = min(self.tuning.k_start, caps[i])
+            else:
+                pick = self._widths if recurrent else self._greedy
+                for i, k in pick(asks, ks, caps, curve).items():
+                    ks[i] = k
+        self.decided += 1
+        self.slot_steps += len(chosen)
+        self.k_total += sum(ks[i] for i in chosen)
+        self.plain_slot_steps += sum(not ks[i] for i in chosen)
+        return ks
+
+    def _fixed_tokens(self, asks: list[Ask], ks: list[int]) -> float:
+        """Expected tokens of every slot at its fixed length (the chosen ones at 0): a fixed slot's at the acceptance
+        assumed before any is seen."""
+        prior = [1.0] + [self.tuning.prior] * max(ks + [0])
+        return sum(expected_tokens(prior, k) if a.acceptances is None else 1.0 for a, k in zip(asks, ks))
+
+    def _greedy(self, asks, ks, caps, curve) -> dict[int, int]:
+        t_round = self.t_round
+        fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here
+        base = self._fixed_tokens(asks, ks)
+        best_speed, best = base / (fixed_rounds * t_round + curve[fixed_rows]), {}
+        for r in range(1, max(caps.values(), default=0) + 1):
+            items = []   # (marginal tokens of position j, slot, j): all positions j <= r of every slot
+            for i, cap in caps.items():
+                run = 1.0
+                for j in range(1, min(cap, r) + 1):
+                    run *= asks[i].acceptances[j]
+                    items.append((-run, i, j))
+            items.sort()
+            seconds_r = max(r, fixed_rounds) * t_round
+            tokens, rows, taken = base, fixed_rows, {}
+            for minus_gain, i, j in items:
+                tokens, rows = tokens - minus_gain, rows + 1
+                taken[i] = j
+                speed = tokens / (seconds_r + curve[rows])
+                if speed > best_speed:   # ties keep fewer rows and rounds
+                    best_speed, best = speed, dict(taken)
+        return {i: best.get(i, 0) for i in caps}
+
+    def _widths(self, asks, ks, caps, curve) -> dict[int, int]:
+        """One width w for all runs: argmax_w sum_i tokens_i(min(w - 1, cap_i)) / (t_pass(n w) + rounds t_round)."""
+        n, fixed = len(asks), max(ks)
+        base = self._fixed_tokens(asks, ks) - len(caps)   # the chosen slots' tokens are counted below
+        best_speed, best = -1.0, {}
+        for w in range(fixed + 1, max(list(caps.values()) + [fixed]) + 2):
+            lens = {i: min(w - 1, cap) for i, cap in caps.items()}
+            tokens = base + sum(expected_tokens(asks[i].acceptances, k) for i, k in lens.items())
+            speed = tokens / (curve[n * w] + max(list(lens.values()) + [fixed]) * self.t_round)
+            if speed > best_speed:
+                best_speed, best = speed, lens
+        return best
+
+    # -- probes for slots given no draft ---------------------------------------------------------------------
+    def new_request(self, slot: int) -> None:
+        self._probes[slot] = [0, self.tuning.probe_every]
+
+    def probe_due(self, slot: int, k: int) -> bool:
+        """Whether slot `slot`, given k tokens this step, takes a one-token shadow probe now."""
+        state = self._probes.setdefault(slot, [0, self.tuning.probe_every])
+        if k:
+            state[0], state[1] = 0, self.tuning.probe_every
+            return False
+        state[0] += 1
+        if state[0] < state[1]:
+            return False
+        state[0] = 0
+        return True
+
+    def probed(self, slot: int, chance: float) -> None:
+        """A probe's result: accepted with `chance`. A failed one doubles the wait before the next."""
+        t, state = self.tuning, self._probes.setdefault(slot, [0, self.tuning.probe_every])
+        state[1] = t.probe_every if chance >= t.accept_enough else min(2 * state[1], t.max_probe_interval)
+
+    def probe_interval(self, slot: int) -> int:
+        return self._probes.get(slot, [0, self.tuning.probe_every])[1]
+
+    # -- statistics ------------------------------------------------------------------------------------------
+    def describe(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> str:
+        """One line: what it chose, and the pass costs it learnt."""
+        mean = self.k_total / self.slot_steps if self.slot_steps else 0.0
+        plain = self.plain_slot_steps / self.slot_steps if self.slot_steps else 0.0
+        line = (f"batch policy: {self.decided} steps decided, mean k {mean:.2f} per slot-step ({plain:.0%} plain); "
+                f"learnt from {self.steps} steps")
+        if self.model.sizes:
+            reach = max(self.model.sizes)
+            shown = [n for n in sizes if n <= reach] + ([reach] if reach not in sizes else [])
+            line += "; t_pass(N) " + ", ".join(f"{n}: {1e3 * self.t_pass(n):.1f} ms" for n in shown)
+        if self.t_round is not None:
+            line += f"; t_round {1e3 * self.t_round:.2f} ms"
+        return line

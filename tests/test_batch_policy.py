@@ -1,0 +1,152 @@
+"""The batch's draft lengths (policy/batch.py): chosen together under a cost model of the shared pass, with plain
+decoding for a slot whose drafts do not pay; pure numbers, no model. The engine's use of it: test_batch.py."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from llamaspec.policy import AutoPolicy, AutoTuning, Costs, FixedPolicy
+from llamaspec.policy.batch import Ask, BatchPolicy
+from llamaspec.policy.costs import expected_tokens
+
+GOOD = [0.0] + [0.8] * 12     # a_1..a_12 (index 0 unused)
+POOR = [0.0] + [0.05] * 12
+
+
+def policy(t_pass, t_round: float, n_max: int = 128, **tuning) -> BatchPolicy:
+    """A batch policy seeded with a synthetic cost curve t_pass(N) and a draft round's cost."""
+    return BatchPolicy(AutoTuning(**tuning), Costs(verify={n: t_pass(n) for n in range(1, n_max + 1)}, draft=t_round))
+
+
+def speed(asks, ks, t_pass, t_round, recurrent=False) -> float:
+    tokens = sum(expected_tokens(a.acceptances, k) for a, k in zip(asks, ks))
+    rows = len(asks) * (max(ks) + 1) if recurrent else sum(k + 1 for k in ks)
+    return tokens / (t_pass(rows) + max(ks) * t_round)
+
+
+def test_a_steep_pass_cost_gives_four_slots_shorter_drafts_than_one():
+    """With a pass's cost growing fast in its rows, verifying k more rows beside three other sequences buys less
+    than alone: each of four slots drafts less than one slot with the same acceptance."""
+    bp = policy(lambda n: 10 + 3.0 * n, 1.0)
+    alone = bp.allocate([Ask(8, GOOD)])[0]
+    four = bp.allocate([Ask(8, GOOD)] * 4)
+    assert alone >= 2 and max(four) < alone
+
+
+def test_a_slot_whose_drafts_do_not_pay_decodes_plainly_while_the_others_draft():
+    bp = policy(lambda n: 10 + 1.0 * n, 1.0)
+    ks = bp.allocate([Ask(8, GOOD), Ask(8, POOR), Ask(8, GOOD)])
+    assert ks[1] == 0 and ks[0] > 0 and ks[2] > 0
+    assert bp.plain_slot_steps == 1 and bp.slot_steps == 3
+
+
+def test_a_flat_pass_cost_keeps_long_drafts():
+    """A GPU at small batches: more rows cost next to nothing, so every slot drafts as far as it may."""
+    bp = policy(lambda n: 10.0, 0.01)
+    assert bp.allocate([Ask(8, GOOD)] * 4) == [8] * 4
+
+
+def test_caps_are_honoured():
+    bp = policy(lambda n: 10.0, 0.01)
+    assert bp.allocate([Ask(0, GOOD), Ask(2, GOOD), Ask(8, GOOD), Ask(20, GOOD)]) == [0, 2, 8, 12]   # 12: a_1..a_12
+    assert all(k <= 3 for k in policy(lambda n: 1 + n, 0.1).allocate([Ask(3, GOOD)] * 3))
+
+
+def test_fixed_length_slots_keep_their_k_and_count_as_rows():
+    bp = policy(lambda n: 10 + 1.0 * n, 1.0)
+    ks = bp.allocate([Ask(6, None, k=5), Ask(3, None, k=5), Ask(8, GOOD)])
+    assert ks[:2] == [5, 3]
+    # the fixed slot's five rounds are paid anyway: the chosen slot drafts at least as far as beside a plain one
+    assert ks[2] >= bp.allocate([Ask(6, None, k=0), Ask(8, GOOD)])[1]
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_the_allocation_is_the_best_over_every_choice(recurrent):
+    """Against brute force over all draft lengths, on random acceptances and cost curves."""
+    rng = random.Random(3)
+    for _ in range(40):
+        base, per_row, t_round = rng.uniform(1, 10), rng.uniform(0, 2), rng.uniform(0, 2)
+
+        def t_pass(n):
+            return base + per_row * n + 0.02 * n * n
+
+        asks = []
+        for _ in range(rng.randint(2, 3)):
+            a = [0.0]
+            for _ in range(5):
+                a.append(rng.uniform(0.0, 1.0) * (a[-1] if len(a) > 1 else 1.0) ** 0.3)
+            asks.append(Ask(rng.randint(0, 5), a))
+        got = policy(t_pass, t_round).allocate(asks, recurrent)
+        assert all(0 <= k <= a.cap for k, a in zip(got, asks))
+        choices = itertools.product(*[range(a.cap + 1) for a in asks])
+        if recurrent:   # one width: every slot drafts min(w - 1, cap)
+            choices = [[min(w, a.cap) for a in asks] for w in range(max(a.cap for a in asks) + 1)]
+            assert got in choices
+        best = max(speed(asks, ks, t_pass, t_round, recurrent) for ks in choices)
+        assert speed(asks, got, t_pass, t_round, recurrent) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_recurrent_target_pads_every_run_to_one_width():
+    """Padding rows are computed anyway: a slot with poor acceptance drafts as far as the width the others pay
+    for, and the width is the one that maximises tokens over time."""
+    t_pass = lambda n: 10 + 1.0 * n   # noqa: E731
+    bp = policy(t_pass, 1.0)
+    asks = [Ask(8, GOOD), Ask(2, GOOD), Ask(8, POOR)]
+    ks = bp.allocate(asks, recurrent=True)
+    w = max(ks) + 1
+    assert w > 1 and ks == [min(w - 1, 8), min(w - 1, 2), min(w - 1, 8)]
+    widths = {v: speed(asks, [min(v - 1, a.cap) for a in asks], t_pass, 1.0, True) for v in range(1, 10)}
+    assert max(widths, key=widths.get) == w
+    assert bp.allocate([Ask(8, GOOD), Ask(8, POOR)])[1] == 0   # not padded: the poor slot would not draft
+
+
+def test_before_anything_is_measured_every_chosen_slot_takes_the_measuring_draft():
+    bp = BatchPolicy(AutoTuning(k_start=3))
+    assert bp.allocate([Ask(8, GOOD), Ask(2, POOR)]) == [3, 2]
+    bp.record_step(8, 0.08, rounds=3, draft_seconds=0.03)   # now both costs are known: it chooses
+    assert bp.t_round == pytest.approx(0.01) and bp.t_pass(8) == pytest.approx(0.08)
+    assert bp.allocate([Ask(8, GOOD), Ask(8, POOR)])[1] == 0
+
+
+def test_it_learns_the_shared_pass_by_its_rows():
+    bp = policy(lambda n: 1.0, 0.1, n_max=4)   # seeded: one sequence's passes of 1..4 rows
+    for _ in range(20):
+        bp.record_step(16, 4.0, rounds=3, draft_seconds=0.3)
+    assert 16 in bp.model.sizes and bp.t_pass(16) == pytest.approx(4.0, rel=0.05)
+    line = bp.describe()
+    assert "t_pass(N)" in line and "16: 4000.0 ms" in line and "learnt from 20 steps" in line
+
+
+def test_probes_of_a_plain_slot_back_off_while_they_fail():
+    bp = BatchPolicy(AutoTuning(probe_every=2, max_probe_interval=8))
+    bp.new_request(0)
+
+    def steps_to_probe():
+        n = 1
+        while not bp.probe_due(0, 0):
+            n += 1
+        return n
+
+    assert steps_to_probe() == 2
+    bp.probed(0, 0.0)
+    assert steps_to_probe() == 4
+    bp.probed(0, 0.0)
+    assert steps_to_probe() == 8
+    bp.probed(0, 0.0)
+    assert bp.probe_interval(0) == 8 and steps_to_probe() == 8   # at most max_probe_interval
+    bp.probed(0, 1.0)   # accepted: look again soon
+    assert steps_to_probe() == 2
+    bp.probed(0, 0.0)
+    assert not bp.probe_due(0, 3) and bp.probe_interval(0) == 2   # drafting again resets the back-off
+
+
+def test_a_slot_alone_or_with_another_policy_keeps_its_own_length():
+    bp = policy(lambda n: 10 + 3.0 * n, 1.0)
+    auto = AutoPolicy(k_max=8)
+    auto._k = 6   # what its own decisions reached
+    assert bp.lengths([auto], [8]) == ([6], [False])
+    assert bp.lengths([FixedPolicy(4), FixedPolicy(4)], [8, 2]) == ([4, 2], [False, False])
+    ks, together = bp.lengths([auto, FixedPolicy(4)], [8, 8])
+    assert together == [True, False] and ks[1] == 4 and ks[0] < 6
