@@ -289,18 +289,19 @@ class BatchEngine:
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
         caps = [max(min(room, s.max_tokens - s.n_out - 1, share, self.k_cap), 0) for s, room in zip(active, rooms)]
-        ks, together = self.policy.lengths([s.policy for s in active], caps, self.target.recurrent)
+        ks, together, probes = self.policy.lengths([s.index for s in active], [s.policy for s in active], caps,
+                                                   self.target.recurrent)
         lens = {}
-        for s, k, room, chosen in zip(active, ks, rooms, together):
+        for s, k, room, chosen, probe in zip(active, ks, rooms, together, probes):
             s.together = chosen
-            due = self.policy.probe_due(s.index, k) if s.together else s.hooks.shadow_len() > 0
+            due = probe if chosen else s.hooks.shadow_len() > 0
             lens[s.index] = k, not k and room > 0 and self.pair.speculative and due
         return lens
 
     def _draft(self, active: list[Slot], joining: Slot | None, lens: dict[int, tuple[int, bool]]):
         """Each active slot's draft (empty on a plain step) and, on a plain step the policy wants judged, a one-token
         shadow probe; lookup first where the pair has it, the draft model for all the rest in one set of decodes
-        (with a chunk of the joining slot's prompt riding along), whose draft rounds are counted."""
+        (with a chunk of the joining slot's prompt riding along); and the draft rounds taken."""
         drafts, probes, jobs = {}, {}, []
         for s in active:
             k, probe = lens[s.index]
@@ -319,7 +320,9 @@ class BatchEngine:
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True
-        return drafts, probes, max((len(d.tokens) for d in made), default=0)
+        # draft rounds: a probe's one token is not a round's price (it carries the catch-up of the plain steps)
+        return drafts, probes, max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts),
+                                   default=0)
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
         history, last, drafted = slot.history, slot.last, draft.tokens

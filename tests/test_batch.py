@@ -70,6 +70,22 @@ def test_lookup_and_plain_pairs_batch_too(tiny_models, drafter):
         assert [c.tokens for c in got] == [c.tokens for c in expected]
 
 
+def decided_together(engine, k_max: int) -> bool:
+    """The batch policy chose lengths, and learnt passes over more rows than one sequence's longest run."""
+    return engine.policy.decided > 0 and engine.policy.slot_steps > 0 and max(engine.policy.model.sizes) > k_max + 1
+
+
+def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
+    """With the auto policy the batch's lengths are chosen together (policy/batch.py): other lengths than alone,
+    the same tokens."""
+    with load_pair(tiny_models["target"], tiny_models["noisy"], policy="auto", draft_max=4, **SETTINGS) as p:
+        expected = alone(p, PROMPTS[:4], max_tokens=24)
+        got = p.generate_batch(PROMPTS[:4], max_tokens=24)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert decided_together(p._batch, 4), p._batch.policy.describe()
+        assert sum(c.stats.drafted for c in got) > 0
+
+
 def test_a_later_batch_reuses_each_slots_cache(pair):
     first = pair.generate_batch(PROMPTS[:2], max_tokens=6)
     again = pair.generate_batch([PROMPTS[0] + first[0].text, PROMPTS[1]], max_tokens=6)
@@ -202,6 +218,20 @@ def test_greedy_hybrid_batch_equals_each_prompt_alone(arch_dir, drafter):
         if drafter == "model":
             assert drafted > 0 and accepted < drafted   # rejections
         assert engine.target.decode_calls < sum(c.stats.target_passes for c in expected)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "model"])
+def test_greedy_auto_hybrid_batch_equals_each_prompt_alone(arch_dir, drafter):
+    """A qwen35 target pads every run to one width: the batch policy chooses that width for its auto slots, and each
+    prompt's tokens are the ones it gets alone."""
+    draft = make_arch_model("llama", arch_dir, seed=2, stdev=0.5) if drafter == "model" else None
+    with load_pair(hybrid(arch_dir), draft, drafter="lookup" if drafter == "lookup" else None, policy="auto",
+                   draft_max=4, **SETTINGS) as p:
+        expected = alone(p, HYBRID_PROMPTS, max_tokens=20)
+        got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=20)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        engine = p._batch
+        assert engine.target.recurrent and decided_together(engine, 4), engine.policy.describe()
 
 
 def test_a_hybrid_slot_reused_for_another_prompt_gives_its_alone_output(arch_dir):
@@ -370,6 +400,20 @@ def test_greedy_batch_equals_alone_on_the_real_pair(real_models):
         expected = alone(p, prompts, max_tokens=16)
         got = p.generate_batch(prompts, max_tokens=16)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert sum(c.stats.accepted for c in got) > 0
+
+
+@pytest.mark.realmodel
+def test_greedy_auto_batch_equals_alone_on_the_real_pair(real_models):
+    from conftest import REAL_DRAFT, REAL_TARGET
+
+    with load_pair(real_models / REAL_TARGET, real_models / REAL_DRAFT, n_ctx=512, policy="auto", draft_max=6,
+                   no_repack=True, flash_attn="off") as p:
+        prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):", PROMPTS[4]]
+        expected = alone(p, prompts, max_tokens=24)
+        got = p.generate_batch(prompts, max_tokens=24)
+        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        assert decided_together(p._batch, 6), p._batch.policy.describe()
         assert sum(c.stats.accepted for c in got) > 0
 
 

@@ -136,17 +136,38 @@ def test_probes_of_a_plain_slot_back_off_while_they_fail():
     assert steps_to_probe() == 8
     bp.probed(0, 0.0)
     assert bp.probe_interval(0) == 8 and steps_to_probe() == 8   # at most max_probe_interval
-    bp.probed(0, 1.0)   # accepted: look again soon
+    bp.probed(0, 1.0)   # accepted, and the slot drafts again: the back-off starts over
+    assert not bp.probe_due(0, 3) and bp.probe_interval(0) == 2
     assert steps_to_probe() == 2
-    bp.probed(0, 0.0)
-    assert not bp.probe_due(0, 3) and bp.probe_interval(0) == 2   # drafting again resets the back-off
+    bp.probed(0, 1.0)   # accepted, yet still plain (drafts cost more than they bring): no need to ask so often
+    assert steps_to_probe() == 4 and bp.probe_interval(0) == 4
 
 
 def test_a_slot_alone_or_with_another_policy_keeps_its_own_length():
     bp = policy(lambda n: 10 + 3.0 * n, 1.0)
     auto = AutoPolicy(k_max=8)
     auto._k = 6   # what its own decisions reached
-    assert bp.lengths([auto], [8]) == ([6], [False])
-    assert bp.lengths([FixedPolicy(4), FixedPolicy(4)], [8, 2]) == ([4, 2], [False, False])
-    ks, together = bp.lengths([auto, FixedPolicy(4)], [8, 8])
+    assert bp.lengths([0], [auto], [8])[:2] == ([6], [False])
+    assert bp.lengths([0, 1], [FixedPolicy(4), FixedPolicy(4)], [8, 2])[:2] == ([4, 2], [False, False])
+    ks, together, _ = bp.lengths([0, 1], [auto, FixedPolicy(4)], [8, 8])
     assert together == [True, False] and ks[1] == 4 and ks[0] < 6
+
+
+def test_a_plain_slot_is_probed_only_where_a_good_draft_would_pay():
+    """Probes ask for acceptance: where even an always-right draft would not pay (a draft round costs as much as
+    the target's pass), they cannot change the verdict and are not taken."""
+    def plain_steps_probed(t_round):
+        bp = policy(lambda n: 10 + 1.0 * n, t_round, probe_every=2)
+        poor = [AutoPolicy(k_max=8) for _ in range(2)]
+        for p in poor:
+            p.accept.record_draft(4, 0)
+            p.accept.record_draft(4, 0)
+        probed = 0
+        for _ in range(8):
+            ks, _, probes = bp.lengths([0, 1], poor, [8, 8])
+            assert ks == [0, 0]
+            probed += sum(probes)
+        return probed
+
+    assert plain_steps_probed(0.5) > 0
+    assert plain_steps_probed(50.0) == 0

@@ -4,15 +4,19 @@ the same drafter (N concurrent requests; its own default flags plus what the cas
 Prints a markdown report (also written to --out) with every command; greedy.
 
     python benchmarks/compare/bench_parallel.py --target T.gguf --draft D.gguf [--streams 4] [--k 4] \
-        [--tokens 128] [--tools DIR] [--out results.md]
+        [--tokens 128] [--policy fixed|auto] [--tools DIR] [--out results.md]
     python benchmarks/compare/bench_parallel.py --target T-with-MTP.gguf --drafter mtp ...
 
 Figures: total tok/s (all streams' tokens over the wall time), each stream's tok/s (its tokens over its own time),
-and one stream's tok/s alone. The prompts are bench_engine's (code and prose), cycled to N.
+and one stream's tok/s alone; where a batched step's time went (drafting, the target's decode, the rest), averaged
+over its steps. With --policy auto (k the longest draft) a stream alone runs auto too and the batch's lengths are
+chosen together (policy/batch.py: its end-of-run line is printed). The prompts are bench_engine's (code and prose),
+cycled to N.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -36,7 +40,7 @@ from llamaspec.kinds import KINDS  # noqa: E402
 
 
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
-    settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy="fixed", draft_max=a.k, no_repack=a.no_repack or None,
+    settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy=a.policy, draft_max=a.k, no_repack=a.no_repack or None,
                     drafter=a.drafter)
     with load_pair(a.target, a.draft, **settings) as pair:
         why = batch_support(pair)   # None: one target pass for all streams; else they run one after another
@@ -45,9 +49,19 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
         t0 = time.perf_counter()
         alone = [pair.generate(p, max_tokens=a.tokens) for p in prompts]
         alone_s = time.perf_counter() - t0
+        engine = pair.batch_engine(len(prompts), a.ctx * len(prompts)) if why is None else None
+        before = dataclasses.replace(engine.times) if engine is not None else None
         t0 = time.perf_counter()
         together = pair.generate_batch(prompts, max_tokens=a.tokens)
         together_s = time.perf_counter() - t0
+        phases = None
+        if engine is not None and pair._batch is engine:
+            after, steps = engine.times, engine.times.steps - before.steps
+            draft, decode = after.draft - before.draft, after.decode - before.decode
+            phases = {"steps": steps, "draft_ms": 1e3 * draft / steps, "decode_ms": 1e3 * decode / steps,
+                      "rest_ms": 1e3 * (after.total - before.total - draft - decode) / steps,
+                      "outside_ms": 1e3 * (together_s - (after.total - before.total)) / steps,
+                      "policy": engine.policy.describe() if a.policy == "auto" else None}
     one = sum(len(c.tokens) for c in alone) / alone_s
     per_stream = [len(c.tokens) / c.stats.time_total for c in together]
     return [{"engine": "llamaspec", "mode": "one stream at a time", "total_tps": one, "streams": 1,
@@ -57,7 +71,8 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
              f"{len(prompts)} streams asked together, run one after another ({why})", "streams": len(prompts),
              "total_tps": sum(len(c.tokens) for c in together) / together_s, "stream_tps": per_stream,
              "vs_one_stream": sum(len(c.tokens) for c in together) / together_s / one,
-             "accepted_per_pass": sum(c.stats.mean_accepted_length for c in together) / len(together)}]
+             "accepted_per_pass": sum(c.stats.mean_accepted_length for c in together) / len(together),
+             "phases": phases}]
 
 
 def server_rows(a, prompts: list[str]) -> list[dict]:
@@ -94,9 +109,10 @@ def server_rows(a, prompts: list[str]) -> list[dict]:
 
 
 def report(a, rows: list[dict]) -> str:
+    policy = "auto, the longest" if a.policy == "auto" else "fixed"
     drafter = Path(a.draft).name if a.draft else "no draft" if a.drafter == "model" else f"drafter {a.drafter}"
     lines = [f"# Parallel streams: {Path(a.target).name} + {drafter}",
-             "", f"Hardware: {hardware()}. Greedy, draft length {a.k} (fixed), {a.tokens} tokens per stream.", "",
+             "", f"Hardware: {hardware()}. Greedy, draft length {a.k} ({policy}), {a.tokens} tokens per stream.", "",
              "| engine | mode | total tok/s | per stream tok/s | vs one stream | tokens/pass |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
@@ -106,6 +122,14 @@ def report(a, rows: list[dict]) -> str:
         ratio = f"{r['vs_one_stream']:.2f}x" if "vs_one_stream" in r else ""
         per_pass = f"{r['accepted_per_pass']:.2f}" if "accepted_per_pass" in r else ""
         lines.append(f"| {r['engine']} | {r['mode']} | {r['total_tps']:.2f} | {streams} | {ratio} | {per_pass} |")
+    for r in rows:
+        if r.get("phases"):
+            ph = r["phases"]
+            lines += ["", f"A batched step of llamaspec ({r['mode']}), mean of {ph['steps']} steps: drafting "
+                      f"{ph['draft_ms']:.2f} ms, target decode {ph['decode_ms']:.2f} ms, the rest of the step "
+                      f"{ph['rest_ms']:.2f} ms; outside the steps (generate_batch's loop) {ph['outside_ms']:.2f} ms."]
+            if ph["policy"]:
+                lines += ["", f"- {ph['policy']}"]
     lines += ["", "Commands:", "", f"    python {' '.join(sys.argv)}"]
     lines += [f"    {r['cmd']}" for r in rows if r.get("cmd")]
     return "\n".join(lines) + "\n"
@@ -118,7 +142,9 @@ def main() -> None:
     p.add_argument("--drafter", default="model", choices=["model", "mtp", "lookup", "lookup+model"],
                    help="mtp: the target's own head (no --draft); llama-server gets --spec-type draft-mtp")
     p.add_argument("--streams", type=int, default=4)
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=int, default=4, help="the draft length (fixed) or the longest (auto)")
+    p.add_argument("--policy", default="fixed", choices=["fixed", "auto"],
+                   help="auto: each stream alone runs auto, and the batch's lengths are chosen together")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--ctx", type=int, default=2048, help="per stream")
     p.add_argument("--ngl", type=int, default=-1)

@@ -13,7 +13,8 @@ optimum. A recurrent / hybrid target pads every run to one width w, so a slot dr
 and the choice is w alone.
 
 A slot given k = 0 decodes plainly and its acceptance goes stale: a one-token shadow probe every `probe_every` of
-its plain steps re-measures it, the interval doubling while probes fail, up to `max_probe_interval` (AutoTuning).
+its plain steps re-measures it, the interval doubling while probes fail, or pass and the slot still gets no draft
+(the cost, not the acceptance, keeps it plain), up to `max_probe_interval` (AutoTuning).
 Slots whose own policy chose their length (fixed k: the user asked for it) are fixed rows here. Knows nothing about
 models, contexts or tokens: only counts, acceptance estimates and seconds.
 """
@@ -47,7 +48,9 @@ class BatchPolicy:
         self.free_drafts = free_drafts        # prompt lookup: a round costs nothing worth measuring
         if costs is not None:
             self.model.calibrate(costs)
-        self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval]
+        self.hopeless: set[int] = set()          # asks of the last allocation that not even a perfect draft pays
+        self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval,
+        #                                           1 while a passed probe waits to be judged by the next allocation]
         self.steps = self.decided = 0            # steps learnt from; steps whose lengths this policy chose
         self.slot_steps = self.k_total = 0       # slot-steps it chose lengths for, and their draft tokens
         self.plain_slot_steps = 0                # ... of them given k = 0
@@ -69,22 +72,27 @@ class BatchPolicy:
         return self.model.verify_time(rows)
 
     # -- deciding -------------------------------------------------------------------------------------------
-    def lengths(self, policies: list, caps: list[int], recurrent: bool = False) -> tuple[list[int], list[bool]]:
-        """Each slot's draft length within its cap, given the slots' own policies, and whether this policy chose
-        it: for the `auto` ones while two or more slots share the pass; otherwise a slot's own next_draft_len, as
-        alone."""
+    def lengths(self, slots: list[int], policies: list, caps: list[int], recurrent: bool = False
+                ) -> tuple[list[int], list[bool], list[bool]]:
+        """For each slot (an id, its own policy, its cap): its draft length, whether this policy chose it (for the
+        `auto` ones while two or more slots share the pass; otherwise the slot's own next_draft_len, as alone), and
+        whether a slot it gave no draft takes a shadow probe now."""
         together = [len(policies) > 1 and isinstance(p, AutoPolicy) for p in policies]
         if not any(together):
-            return [max(min(p.next_draft_len(), cap), 0) for p, cap in zip(policies, caps)], together
+            return [max(min(p.next_draft_len(), cap), 0) for p, cap in zip(policies, caps)], together, together
         asks = [Ask(min(cap, p.k_max), p.accept.estimates()) if chosen else Ask(cap, None, p.next_draft_len())
                 for p, cap, chosen in zip(policies, caps, together)]
-        return self.allocate(asks, recurrent), together
+        ks = self.allocate(asks, recurrent)
+        probes = [chosen and i not in self.hopeless and self.probe_due(slot, k)
+                  for i, (slot, k, chosen) in enumerate(zip(slots, ks, together))]
+        return ks, together, probes
 
     def allocate(self, asks: list[Ask], recurrent: bool = False) -> list[int]:
         """The draft length of each slot (see the module's docstring); each within its cap."""
         ks = [max(min(a.k, a.cap), 0) if a.acceptances is None else 0 for a in asks]
         chosen = [i for i, a in enumerate(asks) if a.acceptances is not None and a.cap > 0]
         caps = {i: min(asks[i].cap, len(asks[i].acceptances) - 1) for i in chosen}
+        self.hopeless = set()
         if chosen:
             curve = self.model.verify_curve(len(asks) * (max(max(a.cap, a.k) for a in asks) + 1), False)
             if not curve or self.t_round is None:   # nothing measured yet: auto's measuring draft for all
@@ -94,22 +102,33 @@ class BatchPolicy:
                 pick = self._widths if recurrent else self._greedy
                 for i, k in pick(asks, ks, caps, curve).items():
                     ks[i] = k
+                self.hopeless = self._hopeless(asks, ks, caps, curve, recurrent)
         self.decided += 1
         self.slot_steps += len(chosen)
         self.k_total += sum(ks[i] for i in chosen)
         self.plain_slot_steps += sum(not ks[i] for i in chosen)
         return ks
 
-    def _fixed_tokens(self, asks: list[Ask], ks: list[int]) -> float:
-        """Expected tokens of every slot at its fixed length (the chosen ones at 0): a fixed slot's at the acceptance
-        assumed before any is seen."""
+    def _tokens(self, asks: list[Ask], ks: list[int]) -> float:
+        """Expected tokens of every slot at its length: a fixed slot's at the acceptance assumed before any is seen."""
         prior = [1.0] + [self.tuning.prior] * max(ks + [0])
-        return sum(expected_tokens(prior, k) if a.acceptances is None else 1.0 for a, k in zip(asks, ks))
+        return sum(expected_tokens(prior if a.acceptances is None else a.acceptances, k) for a, k in zip(asks, ks))
+
+    def _hopeless(self, asks, ks, caps, curve, recurrent) -> set[int]:
+        """The chosen slots given no draft for which even a draft that is always right would not pay beside the
+        others' lengths: a probe of their acceptance cannot change the verdict (the cost keeps them plain)."""
+        def seconds(lens):
+            rows = len(lens) * (max(lens) + 1) if recurrent else sum(k + 1 for k in lens)
+            return max(lens) * self.t_round + curve[rows]
+
+        tokens, now = self._tokens(asks, ks), seconds(ks)
+        return {i for i, cap in caps.items() if not ks[i] and not any(
+            (tokens + j) * now > tokens * seconds(ks[:i] + [j] + ks[i + 1:]) for j in range(1, cap + 1))}
 
     def _greedy(self, asks, ks, caps, curve) -> dict[int, int]:
         t_round = self.t_round
         fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here
-        base = self._fixed_tokens(asks, ks)
+        base = self._tokens(asks, ks)
         best_speed, best = base / (fixed_rounds * t_round + curve[fixed_rows]), {}
         for r in range(1, max(caps.values(), default=0) + 1):
             items = []   # (marginal tokens of position j, slot, j): all positions j <= r of every slot
@@ -132,7 +151,7 @@ class BatchPolicy:
     def _widths(self, asks, ks, caps, curve) -> dict[int, int]:
         """One width w for all runs: argmax_w sum_i tokens_i(min(w - 1, cap_i)) / (t_pass(n w) + rounds t_round)."""
         n, fixed = len(asks), max(ks)
-        base = self._fixed_tokens(asks, ks) - len(caps)   # the chosen slots' tokens are counted below
+        base = self._tokens(asks, ks) - len(caps)   # the chosen slots' tokens are counted below
         best_speed, best = -1.0, {}
         for w in range(fixed + 1, max(list(caps.values()) + [fixed]) + 2):
             lens = {i: min(w - 1, cap) for i, cap in caps.items()}
@@ -143,15 +162,20 @@ class BatchPolicy:
         return best
 
     # -- probes for slots given no draft ---------------------------------------------------------------------
+    def _probe_state(self, slot: int) -> list[int]:
+        return self._probes.setdefault(slot, [0, self.tuning.probe_every, 0])
+
     def new_request(self, slot: int) -> None:
-        self._probes[slot] = [0, self.tuning.probe_every]
+        self._probes[slot] = [0, self.tuning.probe_every, 0]
 
     def probe_due(self, slot: int, k: int) -> bool:
         """Whether slot `slot`, given k tokens this step, takes a one-token shadow probe now."""
-        state = self._probes.setdefault(slot, [0, self.tuning.probe_every])
+        state, t = self._probe_state(slot), self.tuning
         if k:
-            state[0], state[1] = 0, self.tuning.probe_every
+            state[:] = 0, t.probe_every, 0
             return False
+        if state[2]:   # the last probe passed, yet no draft: it was not acceptance that kept the slot plain
+            state[1], state[2] = min(2 * state[1], t.max_probe_interval), 0
         state[0] += 1
         if state[0] < state[1]:
             return False
@@ -159,12 +183,16 @@ class BatchPolicy:
         return True
 
     def probed(self, slot: int, chance: float) -> None:
-        """A probe's result: accepted with `chance`. A failed one doubles the wait before the next."""
-        t, state = self.tuning, self._probes.setdefault(slot, [0, self.tuning.probe_every])
-        state[1] = t.probe_every if chance >= t.accept_enough else min(2 * state[1], t.max_probe_interval)
+        """A probe's result: accepted with `chance`. A failed one doubles the wait before the next; a passed one
+        too, unless the slot drafts at its next step."""
+        state, t = self._probe_state(slot), self.tuning
+        if chance >= t.accept_enough:
+            state[2] = 1
+        else:
+            state[1] = min(2 * state[1], t.max_probe_interval)
 
     def probe_interval(self, slot: int) -> int:
-        return self._probes.get(slot, [0, self.tuning.probe_every])[1]
+        return self._probe_state(slot)[1]
 
     # -- statistics ------------------------------------------------------------------------------------------
     def describe(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> str:
