@@ -72,18 +72,6 @@ def batch_support(pair) -> str | None:
     return why
 
 
-class _Rows:
-    """What modes.py asks of a context, answered from the rows one shared decode returned for a slot's run."""
-
-    rows: np.ndarray
-
-    def eval(self, tokens, logits: str = "all") -> np.ndarray:
-        return self.rows[:len(tokens)]
-
-    def eval_argmax(self, tokens, rows: str = "all") -> list[int]:
-        return self.rows[:len(tokens)].argmax(axis=1).tolist()
-
-
 @dataclass
 class Slot:
     """One request on one sequence. `pieces`: what the last step emitted for it; `done` once it finished."""
@@ -96,7 +84,7 @@ class Slot:
     pieces: list[Piece] = field(default_factory=list)
     done: bool = True
     stats: GenerationStats | None = None
-    rows: _Rows = field(default_factory=_Rows)   # this step's target rows, as the slot's verifier reads them
+    rows: modes.Rows = field(default_factory=modes.Rows)   # this step's target rows, as the slot's verifier reads them
 
     def start(self, prompt, common, max_tokens, sampling, shaper, stops, policy, verify) -> None:
         """A request whose first `common` prompt tokens the sequence holds already; the rest but the last (which the
@@ -334,18 +322,14 @@ class BatchEngine:
         history.append(last)
         history.extend(drafted[:n_accepted])
         slot.last = next_token
-        if probe is not None:
-            slot.stats.shadow_probes += 1
-            chance = shadow_acceptance(probe, next_token, target_probs)
-            if slot.together:
-                slot.policy.accept.record_first(chance)
-                self.policy.probed(slot.index, chance)
-            else:
+        chance = shadow_acceptance(probe, next_token, target_probs) if probe is not None else None
+        slot.stats.shadow_probes += chance is not None
+        if slot.together:   # the pass's timings are the batch's (record_step): the slot's policy learns acceptance
+            self.policy.slot_step(slot.index, slot.policy, len(drafted), n_accepted, chance)
+        else:
+            if chance is not None:
                 slot.hooks.shadow(chance, draft_seconds)
-        if not slot.together:
             slot.policy.update(len(drafted), n_accepted, draft_seconds, verify_seconds)
-        elif drafted:   # the pass's timings are the batch's (BatchPolicy learns them): only acceptance is this slot's
-            slot.policy.accept.record_draft(len(drafted), n_accepted)
         slot.stats.record_step(len(drafted), n_accepted, draft_seconds, verify_seconds)
         for i, token in enumerate(drafted[:n_accepted] + [next_token]):
             self._emit(slot, token, i < n_accepted)

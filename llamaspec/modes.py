@@ -22,6 +22,19 @@ from .verify import accept_greedy, accept_rejection
 Verdict = tuple[int, int, Callable | None]
 
 
+class Rows:
+    """What these paths ask of a context, answered from rows a decode already returned (a slot's run of one shared
+    decode, batch.py): `rows` is set before each verification."""
+
+    rows: np.ndarray
+
+    def eval(self, tokens, logits: str = "all") -> np.ndarray:
+        return self.rows[:len(tokens)]
+
+    def eval_argmax(self, tokens, rows: str = "all") -> list[int]:
+        return self.rows[:len(tokens)].argmax(axis=1).tolist()
+
+
 def greedy(ctx, history: list[int], last: int, drafted: list[int], draft_probs) -> Verdict:
     argmax = ctx.eval_argmax([last] + drafted, rows="all")
     n_accepted, token = accept_greedy(np.asarray(drafted, dtype=np.int64), np.asarray(argmax))

@@ -84,6 +84,9 @@ def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         assert decided_together(p._batch, 4), p._batch.policy.describe()
         assert sum(c.stats.drafted for c in got) > 0
+        one = p.generate_batch(PROMPTS[:1], max_tokens=12)[0]   # a slot alone: its own policy decides, as alone
+        assert one.tokens == expected[0].tokens[:12]
+        assert p._batch.n_seq == 1 and p._batch.policy.decided == 0 and p._batch.policy.steps > 0
 
 
 def test_a_later_batch_reuses_each_slots_cache(pair):

@@ -191,6 +191,15 @@ class BatchPolicy:
         else:
             state[1] = min(2 * state[1], t.max_probe_interval)
 
+    def slot_step(self, slot: int, policy, drafted: int, accepted: int, probe: float | None = None) -> None:
+        """What the auto policy of a slot whose length was chosen here learns from its step: acceptance only (the
+        pass's timings are the batch's: record_step); `probe`, a shadow probe's chance, also sets its back-off."""
+        if probe is not None:
+            policy.accept.record_first(probe)
+            self.probed(slot, probe)
+        if drafted:
+            policy.accept.record_draft(drafted, accepted)
+
     def probe_interval(self, slot: int) -> int:
         return self._probe_state(slot)[1]
 
