@@ -129,24 +129,27 @@ class BatchPolicy:
         t_round = self.t_round
         fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here
         base = self._tokens(asks, ks)
-        best_speed, best = base / (fixed_rounds * t_round + curve[fixed_rows]), {}
-        for r in range(1, max(caps.values(), default=0) + 1):
-            items = []   # (marginal tokens of position j, slot, j): all positions j <= r of every slot
-            for i, cap in caps.items():
-                run = 1.0
-                for j in range(1, min(cap, r) + 1):
-                    run *= asks[i].acceptances[j]
-                    items.append((-run, i, j))
-            items.sort()
-            seconds_r = max(r, fixed_rounds) * t_round
-            tokens, rows, taken = base, fixed_rows, {}
+        items = []   # (-marginal tokens of position j, slot, j): every position of every slot, largest first
+        for i, cap in caps.items():
+            run = 1.0
+            for j in range(1, cap + 1):
+                run *= asks[i].acceptances[j]
+                items.append((-run, i, j))
+        items.sort()   # a tie within a slot keeps j ascending: every prefix is a prefix of each slot's draft
+        best_speed, best = base / (fixed_rounds * t_round + curve[fixed_rows]), (0, 0)   # (rounds, rows taken)
+        for r in range(1, max(caps.values(), default=0) + 1):   # at most r rounds: positions j <= r only
+            seconds_r, tokens, taken = max(r, fixed_rounds) * t_round, base, 0
             for minus_gain, i, j in items:
-                tokens, rows = tokens - minus_gain, rows + 1
-                taken[i] = j
-                speed = tokens / (seconds_r + curve[rows])
-                if speed > best_speed:   # ties keep fewer rows and rounds
-                    best_speed, best = speed, dict(taken)
-        return {i: best.get(i, 0) for i in caps}
+                if j <= r:
+                    tokens, taken = tokens - minus_gain, taken + 1
+                    speed = tokens / (seconds_r + curve[fixed_rows + taken])
+                    if speed > best_speed:   # ties keep fewer rows and rounds
+                        best_speed, best = speed, (r, taken)
+        r, taken = best
+        lens = dict.fromkeys(caps, 0)
+        for _, i, j in [item for item in items if item[2] <= r][:taken]:
+            lens[i] = j
+        return lens
 
     def _widths(self, asks, ks, caps, curve) -> dict[int, int]:
         """One width w for all runs: argmax_w sum_i tokens_i(min(w - 1, cap_i)) / (t_pass(n w) + rounds t_round)."""
