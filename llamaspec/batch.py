@@ -289,16 +289,17 @@ class BatchEngine:
     def _draft(self, active: list[Slot], joining: Slot | None, lens: dict[int, tuple[int, bool]]):
         """Each active slot's draft (empty on a plain step) and, on a plain step the policy wants judged, a one-token
         shadow probe; lookup first where the pair has it, the draft model for all the rest in one set of decodes
-        (with a chunk of the joining slot's prompt riding along); and the draft rounds taken."""
-        drafts, probes, jobs = {}, {}, []
+        (with a chunk of the joining slot's prompt riding along); and the draft rounds (0 where one caught up first)."""
+        drafts, probes, jobs, behind = {}, {}, [], False
         for s in active:
             k, probe = lens[s.index]
             found = drafts if k else probes
-            drafts[s.index], s.from_model = Draft([]), False
+            ran, s.from_model, drafts[s.index] = s.from_model, False, Draft([])   # ran: its drafter ran last step
             if (k or probe) and s.lookup is not None:
                 found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.p_min)
             if (k or probe) and s.draft is not None and not found.get(s.index, Draft([])).tokens:
                 jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.p_min)))
+                behind = behind or (k and not ran)
         if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
             drafting = {s.index for s, *_ in jobs}
             idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
@@ -308,9 +309,8 @@ class BatchEngine:
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True
-        # draft rounds: a probe's one token is not a round's price (it carries the catch-up of the plain steps)
-        return drafts, probes, max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts),
-                                   default=0)
+        rounds = max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts), default=0)
+        return drafts, probes, 0 if behind else rounds   # (a probe's one token is not a round either)
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
         history, last, drafted = slot.history, slot.last, draft.tokens

@@ -15,15 +15,21 @@ GOOD = [0.0] + [0.8] * 12     # a_1..a_12 (index 0 unused)
 POOR = [0.0] + [0.05] * 12
 
 
-def policy(t_pass, t_round: float, n_max: int = 128, **tuning) -> BatchPolicy:
-    """A batch policy seeded with a synthetic cost curve t_pass(N) and a draft round's cost."""
-    return BatchPolicy(AutoTuning(**tuning), Costs(verify={n: t_pass(n) for n in range(1, n_max + 1)}, draft=t_round))
+def policy(t_pass, t_round: float, n_max: int = 128, t_start: float = 0.0, **tuning) -> BatchPolicy:
+    """A batch policy seeded with a synthetic cost curve t_pass(N) and a draft round's cost (t_start + r t_round for
+    r rounds, where t_start is given)."""
+    costs = Costs(verify={n: t_pass(n) for n in range(1, n_max + 1)}, draft=None if t_start else t_round)
+    bp = BatchPolicy(AutoTuning(**tuning), costs)
+    if t_start:
+        for rounds in (1, 3) * 20:
+            bp.record_step(1, t_pass(1), rounds, t_start + rounds * t_round)
+    return bp
 
 
-def speed(asks, ks, t_pass, t_round, recurrent=False) -> float:
+def speed(asks, ks, t_pass, t_round, recurrent=False, t_start=0.0) -> float:
     tokens = sum(expected_tokens(a.acceptances, k) for a, k in zip(asks, ks))
     rows = len(asks) * (max(ks) + 1) if recurrent else sum(k + 1 for k in ks)
-    return tokens / (t_pass(rows) + max(ks) * t_round)
+    return tokens / (t_pass(rows) + (t_start + max(ks) * t_round if max(ks) else 0.0))
 
 
 def test_a_steep_pass_cost_gives_four_slots_shorter_drafts_than_one():
@@ -68,6 +74,7 @@ def test_the_allocation_is_the_best_over_every_choice(recurrent):
     rng = random.Random(3)
     for _ in range(40):
         base, per_row, t_round = rng.uniform(1, 10), rng.uniform(0, 2), rng.uniform(0, 2)
+        t_start = rng.choice([0.0, rng.uniform(0, 3)])   # the first round's catch-up
 
         def t_pass(n):
             return base + per_row * n + 0.02 * n * n
@@ -78,14 +85,16 @@ def test_the_allocation_is_the_best_over_every_choice(recurrent):
             for _ in range(5):
                 a.append(rng.uniform(0.0, 1.0) * (a[-1] if len(a) > 1 else 1.0) ** 0.3)
             asks.append(Ask(rng.randint(0, 5), a))
-        got = policy(t_pass, t_round).allocate(asks, recurrent)
+        bp = policy(t_pass, t_round, t_start=t_start)
+        assert bp.t_draft(2) == pytest.approx(t_start + 2 * t_round)
+        got = bp.allocate(asks, recurrent)
         assert all(0 <= k <= a.cap for k, a in zip(got, asks))
         choices = itertools.product(*[range(a.cap + 1) for a in asks])
         if recurrent:   # one width: every slot drafts min(w - 1, cap)
             choices = [[min(w, a.cap) for a in asks] for w in range(max(a.cap for a in asks) + 1)]
             assert got in choices
-        best = max(speed(asks, ks, t_pass, t_round, recurrent) for ks in choices)
-        assert speed(asks, got, t_pass, t_round, recurrent) == pytest.approx(best, rel=1e-9)
+        best = max(speed(asks, ks, t_pass, t_round, recurrent, t_start) for ks in choices)
+        assert speed(asks, got, t_pass, t_round, recurrent, t_start) == pytest.approx(best, rel=1e-9)
 
 
 def test_a_recurrent_target_pads_every_run_to_one_width():
@@ -106,8 +115,20 @@ def test_before_anything_is_measured_every_chosen_slot_takes_the_measuring_draft
     bp = BatchPolicy(AutoTuning(k_start=3))
     assert bp.allocate([Ask(8, GOOD), Ask(2, POOR)]) == [3, 2]
     bp.record_step(8, 0.08, rounds=3, draft_seconds=0.03)   # now both costs are known: it chooses
-    assert bp.t_round == pytest.approx(0.01) and bp.t_pass(8) == pytest.approx(0.08)
+    assert bp.t_draft(3) == pytest.approx(0.03) and bp.t_pass(8) == pytest.approx(0.08)
     assert bp.allocate([Ask(8, GOOD), Ask(8, POOR)])[1] == 0
+
+
+def test_it_learns_the_drafters_start_and_round_costs_apart():
+    """The first round also carries each drafter's catch-up: a 1-round draft costs more than a round's share of a
+    4-round one, and a ratio of seconds to rounds would price every round too high."""
+    bp = BatchPolicy()
+    for rounds in (1, 4, 2, 4, 1) * 6:
+        bp.record_step(8, 0.1, rounds, 0.05 + 0.01 * rounds)
+    start, per_round = bp.rounds.line()
+    assert start == pytest.approx(0.05) and per_round == pytest.approx(0.01)
+    assert bp.t_draft(0) == 0.0 and bp.t_draft(3) == pytest.approx(0.08)
+    assert "t_draft(r) 50.00 + r x 10.00 ms" in bp.describe()
 
 
 def test_it_learns_the_shared_pass_by_its_rows():

@@ -1,16 +1,17 @@
 """The draft lengths of several sequences verified in one target pass, chosen together (batch.py's slots).
 
     tokens = sum_i tokens_i(k_i)                        (tokens_i: costs.expected_tokens with slot i's acceptance)
-    time   = rounds * t_round + t_pass(N)               (N = sum_i (k_i + 1) rows; rounds = max_i k_i)
+    time   = t_draft(rounds) + t_pass(N)                (N = sum_i (k_i + 1) rows; rounds = max_i k_i)
 
 t_pass(N) is one shared target pass over N rows (a CostModel keyed by rows, seeded from the single-sequence costs
-measured at load: n rows of one sequence are a fair first guess for n rows of several), t_round one round of the
-batched drafter (one decode holding the next token of every sequence still drafting: a k-token draft takes k rounds
-whoever else drafts). `allocate` maximises tokens / time. For a fixed number of rounds r, the best N rows are the N
-largest marginals prod_{j<=k} a_ij over all (slot, position <= r) pairs (each slot's are non-increasing in k, so the
-largest N always form a prefix of every slot's draft): one sort and a scan over its prefixes per r gives the exact
-optimum. A recurrent / hybrid target pads every run to one width w, so a slot drafts min(w - 1, cap) for free rows
-and the choice is w alone.
+measured at load: n rows of one sequence are a fair first guess for n rows of several); t_draft(r) = t_start +
+r * t_round is the batched drafter's r rounds (one decode each, holding the next token of every sequence still
+drafting: a k-token draft takes k rounds whoever else drafts; the first also carries what each drafter catches up
+on, the tokens accepted at the last step: `DraftRounds`). `allocate` maximises tokens / time. For at most r rounds,
+the best N rows are the N largest marginals prod_{j<=k} a_ij over all (slot, position j <= r) pairs (each slot's
+are non-increasing in k, so the largest N always form a prefix of every slot's draft): one sort, and a scan of its
+prefixes per r, gives the exact optimum. A recurrent / hybrid target pads every run to one width w, so a slot
+drafts min(w - 1, cap) in rows computed anyway and the choice is w alone.
 
 A slot given k = 0 decodes plainly and its acceptance goes stale: a one-token shadow probe every `probe_every` of
 its plain steps re-measures it, the interval doubling while probes fail, or pass and the slot still gets no draft
@@ -26,6 +27,32 @@ from .auto import AutoPolicy
 from .base import Costs
 from .costs import CostModel, expected_tokens
 from .tuning import AutoTuning
+
+
+class DraftRounds:
+    """t_draft(r) = t_start + r * t_round, a least-squares line through the (rounds, seconds) of past drafting steps,
+    each weighted `decay` less a step; with too few round counts seen to tell the two apart, t_start = 0."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.sums = [0.0] * 5   # decayed sums of 1, r, r^2, t, r t
+
+    def add(self, rounds: int, seconds: float) -> None:
+        self.sums = [self.decay * s + x for s, x in zip(self.sums, (1.0, rounds, rounds * rounds, seconds,
+                                                                      rounds * seconds))]
+
+    def line(self) -> tuple[float, float] | None:
+        """(t_start, t_round); None before any sample."""
+        n, r, r2, t, rt = self.sums
+        if not n:
+            return None
+        spread = n * r2 - r * r
+        if spread > 0.05 * n * n:
+            slope = max((n * rt - r * t) / spread, 0.0)
+            start = (t - slope * r) / n
+            if start >= 0.0:
+                return start, slope
+        return 0.0, t / r
 
 
 @dataclass
@@ -44,10 +71,14 @@ class BatchPolicy:
 
     def __init__(self, tuning: AutoTuning | None = None, costs: Costs | None = None, free_drafts: bool = False):
         self.tuning = tuning or AutoTuning()
-        self.model = CostModel(self.tuning)   # verify[N]: the shared pass over N rows; draft: one draft round
+        self.model = CostModel(self.tuning)   # verify[N]: the shared pass over N rows
+        self.rounds = DraftRounds(self.tuning.decay)
         self.free_drafts = free_drafts        # prompt lookup: a round costs nothing worth measuring
         if costs is not None:
             self.model.calibrate(costs)
+            if costs.draft is not None:       # one sequence's drafted token: a round's first guess
+                for rounds in (1, 2) * self.tuning.plain_samples:
+                    self.rounds.add(rounds, rounds * costs.draft)
         self.hopeless: set[int] = set()          # asks of the last allocation that not even a perfect draft pays
         self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval,
         #                                           1 while a passed probe waits to be judged by the next allocation]
@@ -62,11 +93,14 @@ class BatchPolicy:
         self.steps += 1
         self.model.record_pass(rows, seconds)
         if rounds > 0 and not self.free_drafts:
-            self.model.record_draft(draft_seconds, rounds, True)
+            self.rounds.add(rounds, draft_seconds)
 
-    @property
-    def t_round(self) -> float | None:
-        return 0.0 if self.free_drafts else self.model.t_draft
+    def t_draft(self, rounds: int) -> float | None:
+        """Seconds the batched drafter takes for `rounds` rounds (0 for none, or for drafts that cost nothing)."""
+        if not rounds or self.free_drafts:
+            return 0.0
+        line = self.rounds.line()
+        return line[0] + rounds * line[1] if line is not None else None
 
     def t_pass(self, rows: int) -> float | None:
         return self.model.verify_time(rows)
@@ -95,7 +129,7 @@ class BatchPolicy:
         self.hopeless = set()
         if chosen:
             curve = self.model.verify_curve(len(asks) * (max(max(a.cap, a.k) for a in asks) + 1), False)
-            if not curve or self.t_round is None:   # nothing measured yet: auto's measuring draft for all
+            if not curve or self.t_draft(1) is None:   # nothing measured yet: auto's measuring draft for all
                 for i in chosen:
                     ks[i] = min(self.tuning.k_start, caps[i])
             else:
@@ -119,14 +153,13 @@ class BatchPolicy:
         others' lengths: a probe of their acceptance cannot change the verdict (the cost keeps them plain)."""
         def seconds(lens):
             rows = len(lens) * (max(lens) + 1) if recurrent else sum(k + 1 for k in lens)
-            return max(lens) * self.t_round + curve[rows]
+            return self.t_draft(max(lens)) + curve[rows]
 
         tokens, now = self._tokens(asks, ks), seconds(ks)
         return {i for i, cap in caps.items() if not ks[i] and not any(
             (tokens + j) * now > tokens * seconds(ks[:i] + [j] + ks[i + 1:]) for j in range(1, cap + 1))}
 
     def _greedy(self, asks, ks, caps, curve) -> dict[int, int]:
-        t_round = self.t_round
         fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here
         base = self._tokens(asks, ks)
         items = []   # (-marginal tokens of position j, slot, j): every position of every slot, largest first
@@ -136,9 +169,9 @@ class BatchPolicy:
                 run *= asks[i].acceptances[j]
                 items.append((-run, i, j))
         items.sort()   # a tie within a slot keeps j ascending: every prefix is a prefix of each slot's draft
-        best_speed, best = base / (fixed_rounds * t_round + curve[fixed_rows]), (0, 0)   # (rounds, rows taken)
+        best_speed, best = base / (self.t_draft(fixed_rounds) + curve[fixed_rows]), (0, 0)   # (rounds, rows taken)
         for r in range(1, max(caps.values(), default=0) + 1):   # at most r rounds: positions j <= r only
-            seconds_r, tokens, taken = max(r, fixed_rounds) * t_round, base, 0
+            seconds_r, tokens, taken = self.t_draft(max(r, fixed_rounds)), base, 0
             for minus_gain, i, j in items:
                 if j <= r:
                     tokens, taken = tokens - minus_gain, taken + 1
@@ -152,14 +185,14 @@ class BatchPolicy:
         return lens
 
     def _widths(self, asks, ks, caps, curve) -> dict[int, int]:
-        """One width w for all runs: argmax_w sum_i tokens_i(min(w - 1, cap_i)) / (t_pass(n w) + rounds t_round)."""
+        """One width w for all runs: argmax_w sum_i tokens_i(min(w - 1, cap_i)) / (t_pass(n w) + t_draft(rounds))."""
         n, fixed = len(asks), max(ks)
         base = self._tokens(asks, ks) - len(caps)   # the chosen slots' tokens are counted below
         best_speed, best = -1.0, {}
         for w in range(fixed + 1, max(list(caps.values()) + [fixed]) + 2):
             lens = {i: min(w - 1, cap) for i, cap in caps.items()}
             tokens = base + sum(expected_tokens(asks[i].acceptances, k) for i, k in lens.items())
-            speed = tokens / (curve[n * w] + max(list(lens.values()) + [fixed]) * self.t_round)
+            speed = tokens / (curve[n * w] + self.t_draft(max(list(lens.values()) + [fixed])))
             if speed > best_speed:
                 best_speed, best = speed, lens
         return best
@@ -217,6 +250,7 @@ class BatchPolicy:
             reach = max(self.model.sizes)
             shown = [n for n in sizes if n <= reach] + ([reach] if reach not in sizes else [])
             line += "; t_pass(N) " + ", ".join(f"{n}: {1e3 * self.t_pass(n):.1f} ms" for n in shown)
-        if self.t_round is not None:
-            line += f"; t_round {1e3 * self.t_round:.2f} ms"
+        line_ = None if self.free_drafts else self.rounds.line()
+        if line_ is not None:
+            line += f"; t_draft(r) {1e3 * line_[0]:.2f} + r x {1e3 * line_[1]:.2f} ms"
         return line
