@@ -192,3 +192,20 @@ def test_a_plain_slot_is_probed_only_where_a_good_draft_would_pay():
 
     assert plain_steps_probed(0.5) > 0
     assert plain_steps_probed(50.0) == 0
+
+
+def test_a_size_seen_only_cold_does_not_keep_the_batch_off_it():
+    """On the GPU a change of the pass's size runs cold (llama.cpp captures its graph again): a size seen once, cold
+    and slow, must not keep the batch from it while warm passes say it pays; the cold sample is set aside until the
+    size runs warm, and a warm pass then decides."""
+    t_pass = lambda n: 0.010 + 0.001 * n            # noqa: E731  flat enough that 4 slots x 3 tokens pay
+    bp = policy(t_pass, 0.0005, n_max=8)
+    asks = [Ask(3, GOOD)] * 4
+    assert bp.allocate(asks) == [3, 3, 3, 3]         # 16 rows: past the measured sizes, judged optimistically
+    bp.model.record_pass(8, t_pass(8))               # a run of 8-row passes ...
+    bp.model.record_pass(16, 0.060)                  # ... then one 16-row pass, cold and 2.3x its warm time
+    assert 16 in bp.model.sizes and not bp.model.verify[16].samples
+    assert bp.allocate(asks) == [3, 3, 3, 3]
+    for _ in range(4):                               # warm 16-row passes that really are slow: the batch drafts less
+        bp.model.record_pass(16, 0.080)
+    assert sum(bp.allocate(asks)) < 12

@@ -60,6 +60,8 @@ CODE = [
     "function debounce(fn, wait) {",
     "class LRUCache:\n    def __init__(self, capacity):",
 ]
+# the untimed request of a "+warm" mode: in neither set, so no timed prompt was seen before
+WARM_PROMPT = "Write a function that merges two sorted lists, then explain its running time."
 PROSE = [
     "The history of the printing press begins",
     "Here are five tips for writing clear documentation:\n1.",
@@ -245,10 +247,14 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) ->
         for mode, k in runs:
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
             p_min = float(p_min) if p_min else None
+            name, warm = name.removesuffix("+warm"), name.endswith("+warm")   # "auto+warm": see WARM_PROMPT
             policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
+            if warm:
+                pair.reset()
+                pair.generate(WARM_PROMPT, max_tokens=a.tokens, seed=12345, **regime.llamaspec_kwargs())
             if a.synth and name == "fixed":
                 kind, value = a.synth
                 rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
@@ -359,7 +365,9 @@ def main() -> None:
                     help="llamaspec's (the peers keep their default: auto in llama.cpp, on in ik_llama.cpp)")
     ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and the peers")
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
-                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0)")
+                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0); "
+                         "NAME+warm (auto+warm) runs one untimed request first with the same policy object, as a "
+                         "server or chat session keeps it between requests")
     ap.add_argument("--regimes", default="greedy,filters,temp",
                     help="greedy; filters (llama.cpp's default top-k/top-p/min-p, temperature last); temp "
                          "(temperature only)")
@@ -433,7 +441,7 @@ def main() -> None:
     # 1. llamaspec, every regime on one load; closed before the peers load the same files
     # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for; the
     # open-ended modes reach as far as load_pair lets them on this target (loading.snapshot_reach)
-    names = [m.partition(":")[0] for m in modes]
+    names = [m.partition(":")[0].removesuffix("+warm") for m in modes]
     file_kind = spec_kind(read_model_info(a.draft)) if a.draft else None
     reach = snapshot_reach(LoadConfig(drafter=a.drafter), read_model_info(a.target),
                            drafter_kind(file_kind or a.drafter)).drafting.k

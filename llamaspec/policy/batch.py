@@ -4,7 +4,9 @@
     time   = t_draft(rounds) + t_pass(N)                (N = sum_i (k_i + 1) rows; rounds = max_i k_i)
 
 t_pass(N) is one shared target pass over N rows (a CostModel keyed by rows, seeded from the single-sequence costs
-measured at load: n rows of one sequence are a fair first guess for n rows of several); t_draft(r) = t_start +
+measured at load: n rows of one sequence are a first guess for n rows of several, an upper one on a hybrid, where
+the recurrent layers take a sequence's rows one after another; only warm passes count, and past the largest size
+measured the guess is optimistic, so a size is judged by its own passes once tried); t_draft(r) = t_start +
 r * t_round is the batched drafter's r rounds (one decode each, holding the next token of every sequence still
 drafting: a k-token draft takes k rounds whoever else drafts; the first also carries what each drafter catches up
 on, the tokens accepted at the last step: `DraftRounds`). `allocate` maximises tokens / time. For at most r rounds,
@@ -103,7 +105,9 @@ class BatchPolicy:
         return line[0] + rounds * line[1] if line is not None else None
 
     def t_pass(self, rows: int) -> float | None:
-        return self.model.verify_time(rows)
+        """Seconds of a shared pass over `rows` rows, as `allocate` judges it."""
+        curve = self.model.verify_curve(rows, True, True)
+        return curve[rows] if curve else None
 
     # -- deciding -------------------------------------------------------------------------------------------
     def lengths(self, slots: list[int], policies: list, caps: list[int], recurrent: bool = False
@@ -128,7 +132,10 @@ class BatchPolicy:
         caps = {i: min(asks[i].cap, len(asks[i].acceptances) - 1) for i in chosen}
         self.hopeless = set()
         if chosen:
-            curve = self.model.verify_curve(len(asks) * (max(max(a.cap, a.k) for a in asks) + 1), False)
+            # sizes measured warm only, beyond the largest at half the slope of the last two: a size tried once, cold,
+            # or never (on a hybrid, n rows of one sequence, the costs from load, cost more than n rows of several)
+            # is judged by the passes it gets once chosen, not kept out by a guess
+            curve = self.model.verify_curve(len(asks) * (max(max(a.cap, a.k) for a in asks) + 1), True, True)
             if not curve or self.t_draft(1) is None:   # nothing measured yet: auto's measuring draft for all
                 for i in chosen:
                     ks[i] = min(self.tuning.k_start, caps[i])

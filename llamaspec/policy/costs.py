@@ -195,15 +195,18 @@ class CostModel:
         curve = self.verify_curve(n, optimistic)
         return curve[n] if curve else None
 
-    def verify_curve(self, n_max: int, optimistic: bool) -> list[float]:
+    def verify_curve(self, n_max: int, optimistic: bool, warm_only: bool = False) -> list[float]:
         """[_, t_verify(1), ..., t_verify(n_max)] in one pass; [] before any measurement. Measured sizes give
         their average, lowered where a larger size was measured cheaper (timing noise: a pass over more tokens
         does not cost less); between two of them, the line through both. Beyond the largest, the chord from the
         smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
         `optimistic` takes half the slope of the last two points instead: verify cost usually flattens, and the
         only way to learn that is to try a longer draft. With one size measured: a 10% cost per extra token above
-        it, proportional below it."""
+        it, proportional below it. `warm_only`: sizes run only cold (a change of size every step) do not count where
+        a warm one was measured: a cold pass less a median switch cost can overstate a size no later pass corrects."""
         xs = self.sizes
+        if warm_only:
+            xs = [x for x in xs if self.verify[x].samples] or xs
         if not xs:
             return []
         ys = [self.size_time(x) for x in xs]
