@@ -149,12 +149,7 @@ class SeqMTP:
         """The entries the head lacks for positions n_past..end-1 (history[p] with h_{p-1}) and, when `last` is
         given, (last, h_{end-1}) at end, with their states. States the ring no longer has: it starts over at end."""
         seq = self.seq
-        seq.keep(self.valid)                                # drop the entries made while drafting
-        if seq.n_past > end:
-            seq.keep(end)
-        start = seq.n_past
-        entries = list(history[start:end]) + ([last] if last is not None else [])
-        states = self.ring.states(np.arange(start - 1, start - 1 + len(entries)))
+        entries, states = self.ring.pending(seq, self.valid, history, end, last)
         if states is None:                                  # lost: begin afresh at end
             seq.clear()
             seq.tokens.extend([-1] * end)                   # -1: never decoded here, matches no token

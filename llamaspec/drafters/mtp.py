@@ -59,6 +59,18 @@ class HiddenRing:
     def clear(self) -> None:
         self.pos[:] = -1
 
+    def pending(self, head, valid: int, tokens, end: int, last: int | None = None):
+        """What a head's cache (`keep`, `n_past`: an MTP context, or one sequence of a shared one) lacks up to `end`,
+        after it drops what it holds past `valid` (entries made while drafting) and past `end`: the entries for
+        positions n_past..end-1 (tokens[p] with h_{p-1}) and, with `last`, (last, h_{end-1}); and their states, None
+        where the ring no longer has one."""
+        head.keep(valid)
+        if head.n_past > end:
+            head.keep(end)
+        start = head.n_past
+        entries = list(tokens[start:end]) + ([last] if last is not None else [])
+        return entries, self.states(np.arange(start - 1, start - 1 + len(entries)))
+
 class MTPDrafter(Drafter):
     """Drafts with the MTP head of the target (a backend MTPContext, which knows its target context)."""
 
@@ -94,14 +106,9 @@ class MTPDrafter(Drafter):
         """Decode the head's entries for positions n_past..end-1 (tokens[p] with h_{p-1}) and, when `last` is given,
         (last, h_{end-1}) at `end` with `output` of it. States the ring no longer has: the head starts over at end."""
         ctx = self.ctx
-        ctx.keep(self._valid)                               # drop the entries made while drafting
-        if ctx.n_past > end:
-            ctx.keep(end)
-        start = ctx.n_past
-        entries = list(tokens[start:end]) + ([last] if last is not None else [])
+        entries, states = self._ring.pending(ctx, self._valid, tokens, end, last)
         if not entries:
             return
-        states = self._ring.states(np.arange(start - 1, start - 1 + len(entries)))
         if states is None:                                  # lost: begin a fresh cache at `end`
             ctx.restart_at(end)
             entries = [last] if last is not None else []
