@@ -136,7 +136,7 @@ class TreeDrafter(Drafter):
 
 # -- verification ----------------------------------------------------------------------------------------------
 class TreeVerifier:
-    """Pair._verifier's choice while a tree is on: a tree pass where siblings pay, the request's chain path else."""
+    """The verification while a tree is on (the pair's verifier seam, enable_tree): a tree pass where siblings pay, the request's chain path else."""
 
     def __init__(self, drafter: TreeDrafter, settings: TreeSettings, costs):
         self.drafter, self.settings, self.costs = drafter, settings, costs
@@ -156,9 +156,14 @@ class TreeVerifier:
             n += 1
         return sorted(chosen)
 
-    def make(self, ctx, sampling, scratch):
-        chain_path = functools.partial(modes.greedy, ctx) if sampling is None else \
-            functools.partial(modes.in_numpy, ctx, sampling, scratch)
+    def make(self, ctx, sampling, scratch) -> modes.Verifier:
+        """The request's verifier on `ctx` (it makes its own passes: a tree pass, or the chain's)."""
+        chain = modes.greedy() if sampling is None else modes.in_numpy(sampling, scratch)
+
+        def chain_path(history, last, drafted, draft_probs):
+            tokens = [last] + drafted
+            rows = ctx.eval_argmax(tokens, rows="all") if sampling is None else ctx.eval(tokens, logits="all")
+            return chain.judge(rows, history, tokens, drafted, draft_probs)
 
         def verify(history, last, drafted, draft_probs):
             self.passes += 1
@@ -200,7 +205,8 @@ class TreeVerifier:
             self.siblings_taken += 1
             return n + 1, next_token, target_probs
 
-        return verify
+        return modes.Verifier("own", lambda rows, history, tokens, drafted, draft_probs: verify(
+            history, tokens[0], drafted, draft_probs), own_pass=True)
 
 
 def enable_tree(pair, settings: TreeSettings = TreeSettings(), costs=None) -> TreeVerifier:
@@ -223,11 +229,13 @@ def enable_tree(pair, settings: TreeSettings = TreeSettings(), costs=None) -> Tr
     old = pair.target_ctx
     pair.target_ctx = TreeContext(pair.target, old.options, 1 + settings.max_siblings)
     old.close()
-    pair._history = []
     drafter = TreeDrafter(pair.drafter, settings)
-    pair.drafter = drafter
+    pair.drafter = drafter   # new contexts and drafter: the pair's engine is made anew for them
     if costs is None and (pair.costs is None or len(pair.costs.verify) < 2):
         pair.warm_up(pair.policy.k_max + settings.max_siblings)   # verify[n] for every n a tree pass can have
     pair.set_policy(pair.policy)
-    pair.tree = TreeVerifier(drafter, settings, costs if costs is not None else pair.costs)
-    return pair.tree
+    pair.tree = tree = TreeVerifier(drafter, settings, costs if costs is not None else pair.costs)
+    # the seam: a request's verification is the tree's, except a shaped one (a grammar's rows are numpy's own)
+    pair.verifier_wrap = lambda chosen, sampling, shaper, scratch: (
+        chosen if shaper is not None else tree.make(pair.target_ctx, sampling, scratch))
+    return tree

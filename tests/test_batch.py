@@ -15,7 +15,7 @@ from support.chisq import assert_follows
 from support.mtp_models import make_mtp_model, split_mtp_head
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
-from llamaspec.batch import batch_support
+from llamaspec.slots import batch_support
 from llamaspec.errors import InvalidParameterError, UnsupportedModelError
 from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filtered_probs
@@ -47,7 +47,7 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert sum(c.stats.drafted for c in got) > 0 and sum(c.stats.accepted for c in got) > 0   # drafts were used
     assert sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # and rolled back where rejected
     # one target pass per step for all four: fewer passes than the four runs alone took together
-    assert pair._batch.target.decode_calls < sum(c.stats.target_passes for c in expected)
+    assert pair._shared.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)
 
 
 def test_more_prompts_than_slots_each_get_their_own_reply(pair):
@@ -56,7 +56,7 @@ def test_more_prompts_than_slots_each_get_their_own_reply(pair):
     expected = [pair.generate(p, **kw) for p, kw in zip(PROMPTS, requests)]
     got = pair.generate_batch(PROMPTS, n_seq=2, requests=requests)
     assert [(c.text, c.finish_reason) for c in got] == [(c.text, c.finish_reason) for c in expected]
-    assert pair._batch.n_seq == 2
+    assert pair._shared.n_seq == 2
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "none"])
@@ -82,11 +82,11 @@ def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
         expected = alone(p, PROMPTS[:4], max_tokens=24)
         got = p.generate_batch(PROMPTS[:4], max_tokens=24)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
-        assert decided_together(p._batch, 4), p._batch.policy.describe()
+        assert decided_together(p._shared, 4), p._shared.policy.describe()
         assert sum(c.stats.drafted for c in got) > 0
         one = p.generate_batch(PROMPTS[:1], max_tokens=12)[0]   # a slot alone: its own policy decides, as alone
         assert one.tokens == expected[0].tokens[:12]
-        assert p._batch.n_seq == 1 and p._batch.policy.decided == 0 and p._batch.policy.steps > 0
+        assert p._shared.n_seq == 1 and p._shared.policy.decided == 0 and p._shared.policy.steps > 0
 
 
 def test_a_later_batch_reuses_each_slots_cache(pair):
@@ -213,14 +213,14 @@ def test_greedy_hybrid_batch_equals_each_prompt_alone(arch_dir, drafter):
         got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=20)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         assert len({tuple(c.tokens) for c in got}) == len(HYBRID_PROMPTS)
-        engine = p._batch
-        assert engine.target.recurrent and engine.target.n_rs_seq == (0 if drafter == "none" else 4)
+        engine = p._shared
+        assert engine.target.ctx.recurrent and engine.target.ctx.n_rs_seq == (0 if drafter == "none" else 4)
         drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
         if drafter == "lookup":
             assert 0 < accepted < drafted   # partial acceptances: rolled back within the snapshots
         if drafter == "model":
             assert drafted > 0 and accepted < drafted   # rejections
-        assert engine.target.decode_calls < sum(c.stats.target_passes for c in expected)
+        assert engine.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "model"])
@@ -233,8 +233,8 @@ def test_greedy_auto_hybrid_batch_equals_each_prompt_alone(arch_dir, drafter):
         expected = alone(p, HYBRID_PROMPTS, max_tokens=20)
         got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=20)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
-        engine = p._batch
-        assert engine.target.recurrent and decided_together(engine, 4), engine.policy.describe()
+        engine = p._shared
+        assert engine.target.ctx.recurrent and decided_together(engine, 4), engine.policy.describe()
 
 
 def test_a_hybrid_slot_reused_for_another_prompt_gives_its_alone_output(arch_dir):
@@ -276,10 +276,10 @@ def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
             [(c.stats.drafted, c.stats.accepted) for c in expected]
         drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
         assert 0 < accepted < drafted   # drafts used, and rolled back within the snapshots where rejected
-        engine = p._batch
-        assert engine.mtp is not None and engine.target.recurrent
-        assert engine.target.decode_calls < sum(c.stats.target_passes for c in expected)   # slots verified together
-        assert engine.mtp.ctx.decode_calls < head_calls_alone                              # and drafted together
+        engine = p._shared
+        assert engine.target.mtp is not None and engine.target.ctx.recurrent
+        assert engine.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)   # slots verified together
+        assert engine.target.mtp.ctx.decode_calls < head_calls_alone                              # and drafted together
         prompts = [q + c.tokens + [6, 6] for q, c in zip(HYBRID_PROMPTS[:3], got)] + [[7, 7, 8]]
         again = p.generate_batch(prompts, n_seq=4, max_tokens=12)
         # a hybrid slot is reused where the prompt extends all its sequence holds (accepted drafts past max_tokens
@@ -305,18 +305,18 @@ def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch):
 
         p.drafter.propose = recording
         expected = alone(p, HYBRID_PROMPTS, max_tokens=16)
-        engine = p.batch_engine(4, p.n_ctx * 4)
+        engine = p.engine(4, p.n_ctx * 4)
         batched: dict = {}
-        propose_all = engine.mtp.propose_all
+        propose_all = engine.target.mtp.propose_all
 
         def recording_all(jobs, idle):
             drafts = propose_all(jobs, idle)
             batched.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
             return drafts
 
-        engine.mtp.propose_all = recording_all
+        engine.target.mtp.propose_all = recording_all
         got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=16)
-        assert p._batch is engine
+        assert p._shared is engine
         p.set_policy(FixedPolicy(0))   # plain decoding: a random head's drafts are rejected at nearly every step
         plain = alone(p, HYBRID_PROMPTS, max_tokens=16)
     assert [c.tokens for c in got] == [c.tokens for c in expected] == [c.tokens for c in plain]
@@ -338,7 +338,7 @@ def test_sampled_mtp_tokens_under_concurrency_follow_the_target_distribution(arc
         n = 200
         got = p.generate_batch([prompt] * n, n_seq=4, requests=[dict(max_tokens=3, temperature=1.0, top_k=8, seed=s)
                                                                   for s in range(n)])
-        assert p._batch.mtp is not None
+        assert p._shared.target.mtp is not None
         counts = np.bincount([c.tokens[0] for c in got], minlength=len(target)).astype(np.float64)
         assert 0 < sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # accepted and rejected
         assert_follows(counts, target)
@@ -371,10 +371,10 @@ def test_an_mtp_head_files_pair_shrinks_and_still_batches(arch_dir, tmp_path):
         again = alone(p, prompts, max_tokens=12)
         assert [(c.tokens, c.stats.accepted) for c in again] == [(c.tokens, c.stats.accepted) for c in expected]
         got = p.generate_batch(prompts, n_ctx=n_ctx, max_tokens=12)
-        assert p._batch.mtp is not None and sum(c.stats.accepted for c in got) > 0
+        assert p._shared.target.mtp is not None and sum(c.stats.accepted for c in got) > 0
         assert [c.tokens for c in got] == [c.tokens for c in expected]
-        p._batch.close()
-        p._batch = None
+        p._shared.close()
+        p._shared = None
         assert [c.tokens for c in alone(p, prompts[:1], max_tokens=12)] == [expected[0].tokens]   # head file open
 
 
@@ -390,7 +390,7 @@ def test_pairs_that_cannot_batch_run_one_at_a_time_and_say_why(arch_dir, arch):
         prompts = [[3, 17, 42, 99, 5], [64, 23, 8, 77]]
         assert [c.tokens for c in p.generate_batch(prompts, max_tokens=8)] == \
             [c.tokens for c in alone(p, prompts, max_tokens=8)]
-        assert p._batch is None
+        assert p._shared is None
 
 
 @pytest.mark.realmodel
@@ -416,7 +416,7 @@ def test_greedy_auto_batch_equals_alone_on_the_real_pair(real_models):
         expected = alone(p, prompts, max_tokens=24)
         got = p.generate_batch(prompts, max_tokens=24)
         assert [c.tokens for c in got] == [c.tokens for c in expected]
-        assert decided_together(p._batch, 6), p._batch.policy.describe()
+        assert decided_together(p._shared, 6), p._shared.policy.describe()
         assert sum(c.stats.accepted for c in got) > 0
 
 
@@ -460,5 +460,5 @@ def test_shrinking_the_pairs_own_contexts_frees_their_kv_memory(real_models):
         assert freed > 0.75 * 2 * per_token * (n_ctx - n_batch), (freed, per_token)
         assert [c.tokens for c in alone(p, prompts, max_tokens=12)] == expected   # alone, within one batch
         got = p.generate_batch(prompts, n_ctx=n_ctx, max_tokens=12)
-        assert p.batch_engine(2, n_ctx).target.n_ctx == n_ctx
+        assert p.engine(2, n_ctx).target.ctx.n_ctx == n_ctx
         assert [c.tokens for c in got] == expected

@@ -8,7 +8,7 @@ import numpy as np
 from support.arch_models import make_arch_model, require_test_llama_archs
 from support.chisq import assert_follows
 from llamaspec import load_pair
-from llamaspec.batch import batch_support
+from llamaspec.slots import batch_support
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
 SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")
@@ -34,8 +34,8 @@ def test_sampled_tokens_on_a_hybrid_under_concurrency_follow_the_target_distribu
         n = 160
         got = pair.generate_batch([PROMPT] * n, n_seq=4, requests=[
             dict(max_tokens=4, temperature=1.0, top_k=8, seed=s) for s in range(n)])
-        engine = pair._batch
-        assert engine.target.recurrent and engine.target.n_rs_seq >= 3
+        engine = pair._shared
+        assert engine.target.ctx.recurrent and engine.target.ctx.n_rs_seq >= 3
         drafted, accepted = sum(c.stats.drafted for c in got), sum(c.stats.accepted for c in got)
         assert 0 < accepted < drafted       # drafts stood and were rejected: rollbacks on the shared context
         counts = np.bincount([c.tokens[0] for c in got], minlength=len(p)).astype(np.float64)

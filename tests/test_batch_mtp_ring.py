@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from support.mtp_models import make_mtp_model
 from llamaspec import load_pair
-from llamaspec.batch import batch_support
+from llamaspec.slots import batch_support
 from llamaspec.drafters.mtp import HiddenRing
 
 SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")
@@ -19,7 +19,7 @@ def test_a_head_that_lost_its_ring_starts_over_and_the_output_is_unchanged(tmp_p
         assert batch_support(p) is None
         expected = [p.generate(q, max_tokens=24) for q in PROMPTS]
         p.generate_batch([[5, 6]] * 4, n_seq=4, max_tokens=2)    # makes the batch engine of 4 slots
-        heads = p._batch.mtp.seqs
+        heads = p._shared.target.mtp.seqs
         for s in heads:                                          # a ring far shorter than a prompt
             s.ring = HiddenRing(4, s.ring.rows.shape[1])
         got = p.generate_batch(PROMPTS, n_seq=4, max_tokens=24)

@@ -127,7 +127,7 @@ def test_closing_the_stream_early_leaves_caches_consistent():
     got = [next(gen).token for _ in range(7)]
     gen.close()
     assert pair.last_stats.finish_reason == "cancelled"
-    assert pair.target_ctx.tokens == pair._history
+    assert pair.target_ctx.tokens == pair.history
     # the next request continues correctly from the cache
     again = pair.generate(PROMPT, max_tokens=12)
     assert again.tokens == plain_pair().generate(PROMPT, max_tokens=12).tokens
@@ -150,7 +150,7 @@ def test_interrupt_mid_step_restores_consistency():
     with pytest.raises(KeyboardInterrupt):
         pair.generate(PROMPT, max_tokens=40)
     pair.target_ctx.eval = original
-    assert pair.target_ctx.tokens[:len(pair._history)] == pair._history
+    assert pair.target_ctx.tokens[:len(pair.history)] == pair.history
     assert pair.generate(PROMPT, max_tokens=15).tokens == plain_pair().generate(PROMPT, max_tokens=15).tokens
 
 

@@ -32,7 +32,7 @@ except ImportError:
     import peers
     from bench_engine import CODE, PROSE, hardware
 from llamaspec import load_pair  # noqa: E402
-from llamaspec.batch import batch_support  # noqa: E402
+from llamaspec.slots import batch_support  # noqa: E402
 from llamaspec.errors import LlamaspecError  # noqa: E402
 from llamaspec.gguf.reader import read_model_info  # noqa: E402
 from llamaspec.gguf.spec_kind import spec_kind  # noqa: E402
@@ -49,13 +49,13 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
         t0 = time.perf_counter()
         alone = [pair.generate(p, max_tokens=a.tokens) for p in prompts]
         alone_s = time.perf_counter() - t0
-        engine = pair.batch_engine(len(prompts), a.ctx * len(prompts)) if why is None else None
+        engine = pair.engine(len(prompts), a.ctx * len(prompts)) if why is None else None
         before = dataclasses.replace(engine.times) if engine is not None else None
         t0 = time.perf_counter()
         together = pair.generate_batch(prompts, max_tokens=a.tokens)
         together_s = time.perf_counter() - t0
         phases = None
-        if engine is not None and pair._batch is engine:
+        if engine is not None and pair._shared is engine:
             after, steps = engine.times, engine.times.steps - before.steps
             draft, decode = after.draft - before.draft, after.decode - before.decode
             phases = {"steps": steps, "draft_ms": 1e3 * draft / steps, "decode_ms": 1e3 * decode / steps,

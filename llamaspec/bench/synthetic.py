@@ -13,6 +13,7 @@ line it prints with LABEL.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -103,35 +104,35 @@ class SyntheticAcceptance:
 
     def __enter__(self):
         pair = self.pair
-        if "_verifier" in vars(pair):
-            raise InvalidParameterError("this pair already runs with synthetic acceptance")
-        chosen = pair._verifier      # the pair's own choice (a bound method), wrapped
-        pair._verifier = lambda sampling, shaper: self._verifier(chosen, sampling, shaper)
+        if pair.verifier_wrap is not None:
+            raise InvalidParameterError("this pair already runs with synthetic acceptance or another verifier")
+        pair.verifier_wrap = self._verifier   # the engine's seam: each request's own verifier, wrapped
         return self
 
     def __exit__(self, *exc):
-        del self.pair._verifier
+        self.pair.verifier_wrap = None
 
     @property
     def label(self) -> str:
         return f"{LABEL} (rates {', '.join(f'{r:.3g}' for r in self.rates)}; mean length {mean_length(self.rates):.2f})"
 
-    def _verifier(self, chosen, sampling, shaper):
+    def _verifier(self, chosen, sampling, shaper, scratch):
+        """The request's own verifier (its pass, and for sampling its rejection rule, run for real) with the verdict
+        drawn from the rates."""
         if shaper is not None:
             raise InvalidParameterError(f"{LABEL} runs without grammars, penalties or log-probabilities")
-        ctx, is_eog, real = self.pair.target_ctx, self.pair.target.is_eog, chosen(sampling, shaper)
+        is_eog = self.pair.target.is_eog
 
-        def verify(history, last, drafted, draft_probs):
-            if sampling is None:   # greedy: the pass modes.greedy makes, every row's argmax
-                argmax = ctx.eval_argmax([last] + drafted, rows="all")
+        def judge(rows, history, tokens, drafted, draft_probs):
+            if sampling is None:   # greedy: the pass the greedy mode makes, every row's argmax
                 n = draw_accepted(self.probs, drafted, self.rng, is_eog)
                 self.lengths.append(n)
-                return n, int(argmax[n]), None
-            n_real, token, target_probs = real(history, last, drafted, draft_probs)
+                return n, int(rows[n]), None
+            n_real, token, target_probs = chosen.judge(rows, history, tokens, drafted, draft_probs)
             n = draw_accepted(self.probs, drafted, self.rng, is_eog)
             self.lengths.append(n)
             if n != n_real:   # the target's own token after the synthetic prefix: a draw from its row n
                 token = sample(as_dist(target_probs(n)), sampling.rng)
             return n, token, target_probs
 
-        return verify
+        return dataclasses.replace(chosen, judge=judge)

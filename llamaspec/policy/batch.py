@@ -69,7 +69,7 @@ class Ask:
 
 class BatchPolicy:
     """Draft lengths for every slot of one step under a cost model of the shared pass (see the module's docstring).
-    One per BatchEngine: the machine's costs do not change between requests."""
+    One per Engine: the machine's costs do not change between requests."""
 
     def __init__(self, tuning: AutoTuning | None = None, costs: Costs | None = None, free_drafts: bool = False):
         self.tuning = tuning or AutoTuning()

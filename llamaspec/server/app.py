@@ -82,7 +82,7 @@ class Service:
 
     def _make_worker(self, pair, config: ServerConfig) -> Worker:
         if config.parallel > 1:
-            from ..batch import batch_support
+            from ..slots import batch_support
 
             why = batch_support(pair)
             if why is None:

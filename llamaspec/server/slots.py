@@ -1,4 +1,4 @@
-"""Serving several requests at once (`serve --parallel N`): the worker thread owns a BatchEngine of N slots
+"""Serving several requests at once (`serve --parallel N`): the worker thread owns a Engine of N slots
 (batch.py) and, between two engine steps, admits waiting jobs into free slots, sends each slot's new text to its job,
 and frees the slot of a job that finished or was cancelled (a client that left frees its slot before the next
 step). A new request's prompt is decoded a bounded chunk per step beside the others' verifications. At most
@@ -22,7 +22,7 @@ from .worker import _STOP, _WAKE, Job, Worker, reply_emitter
 
 def shrink_own_contexts(pair) -> None:
     """Remake the pair's own target and draft-model contexts with room for one batch (n_ctx = their n_batch),
-    freeing the rest of their KV caches, for a pair whose requests all run in a BatchEngine's shared contexts
+    freeing the rest of their KV caches, for a pair whose requests all run in a Engine's shared contexts
     (serve --parallel): those then hold the only full-size caches. Call it before the engine is made, so the
     full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
     policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
@@ -51,14 +51,14 @@ class _Running:
 
 
 class SlotWorker(Worker):
-    """Runs up to `parallel` jobs together in one BatchEngine; at most `max_queue` wait beyond them."""
+    """Runs up to `parallel` jobs together in one Engine; at most `max_queue` wait beyond them."""
 
     def __init__(self, pair, metrics, max_queue: int, template=None, template_defaults: dict | None = None,
                  parallel: int = 2):
         super().__init__(pair, metrics, max_queue, template, template_defaults)
         self.parallel = parallel
         shrink_own_contexts(pair)   # first: the slots' shared caches are then the only full-size ones
-        self.engine = pair.batch_engine(parallel, self.n_ctx)   # the pair's context size, shared by the slots
+        self.engine = pair.engine(parallel, self.n_ctx)   # the pair's context size, shared by the slots
         self._running_jobs: dict[int, _Running] = {}          # slot index -> its job
         self._admissible: collections.deque[Job] = collections.deque()   # taken from the inbox, not yet in a slot
 
