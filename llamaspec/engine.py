@@ -40,7 +40,7 @@ class Pair:
         self.set_policy(policy if policy is not None else make_policy("auto"))
         self.last_stats: GenerationStats | None = None
         self.tree = None   # a tree.TreeVerifier while tree verification is on (tree.enable_tree)
-        # The seam for another verification (tree.py, bench/synthetic.py): wrap(chosen, sampling, shaper, scratch)
+        # The seam for another verification (tree.py, a benchmark's): wrap(chosen, sampling, shaper, scratch)
         # -> modes.Verifier, given the mode's own choice for each request; None: the modes' own.
         self.verifier_wrap = None
         self._lone: Engine | None = None     # the engine over the pair's own contexts (one slot)

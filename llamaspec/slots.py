@@ -325,9 +325,8 @@ class SharedTarget:
         return max(free, key=lambda s: s.seq.reusable(tokens[:-1]))
 
     def open(self, slot: Slot, tokens: list[int]) -> tuple[int, int]:
-        # a recurrent state cannot go back without a checkpoint (and a sequence keeps none): a slot's cache is
-        # reused when the prompt extends its whole history (or goes back within its last decode's snapshots);
-        # otherwise `reusable` is 0 and the sequence is cleared and the prompt prefilled in full
+        # a recurrent state goes back only within its last decode's snapshots or to a turn checkpoint: `reusable`
+        # says how far the slot's cache serves the prompt; without any, the sequence starts over
         common = slot.seq.reusable(tokens[:-1])
         if not slot.seq.keep(common):
             slot.seq.clear()
@@ -409,8 +408,9 @@ class SharedTarget:
         if joining is not None:
             joining.todo = joining.todo[len(chunk):]
             joining.history.extend(chunk)
-            if not joining.todo:
+            if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts here
                 joining.prefilled = True
+                joining.seq.checkpoint_turn()
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
         rows = self._rows[slot.index][:len(tokens)]

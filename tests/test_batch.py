@@ -86,7 +86,7 @@ def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
         assert sum(c.stats.drafted for c in got) > 0
         one = p.generate_batch(PROMPTS[:1], max_tokens=12)[0]   # a slot alone: its own policy decides, as alone
         assert one.tokens == expected[0].tokens[:12]
-        assert p._shared.n_seq == 1 and p._shared.policy.decided == 0 and p._shared.policy.steps > 0
+        assert p._lone.n_seq == 1 and p._lone.policy.decided == 0   # one prompt: a slot of the pair's own contexts
 
 
 def test_a_later_batch_reuses_each_slots_cache(pair):
@@ -462,3 +462,22 @@ def test_shrinking_the_pairs_own_contexts_frees_their_kv_memory(real_models):
         got = p.generate_batch(prompts, n_ctx=n_ctx, max_tokens=12)
         assert p.engine(2, n_ctx).target.ctx.n_ctx == n_ctx
         assert [c.tokens for c in got] == expected
+
+
+def test_a_hybrid_slot_comes_back_to_its_turn_checkpoint(arch_dir):
+    """A re-rendered conversation (the last prompt, another answer than the one generated, a new question) on a
+    qwen35 target in a shared context: the slot restores the recurrent state it saved at the end of the last prompt
+    and decodes only what follows it, and the reply is the one a fresh cache gives."""
+    with load_pair(hybrid(arch_dir), drafter="lookup", policy="fixed", draft_max=4, **SETTINGS) as p:
+        p1 = list(range(10, 70)) + [5, 6, 7]
+        first = p.generate_batch([p1, HYBRID_PROMPTS[1]], n_seq=2, max_tokens=8)
+        p2 = p1 + [90, 91, 92, 93] + [7, 8, 9]   # not first[0].tokens: the client re-sends its own answer
+        assert p2[len(p1):len(p1) + 4] != first[0].tokens[:4]
+        again = p.generate_batch([p2, HYBRID_PROMPTS[1] + first[1].tokens + [3]], n_seq=2, max_tokens=8)
+        assert again[0].stats.prompt_tokens_cached == len(p1) - 1          # decoded again: only what follows it
+        assert again[1].stats.prompt_tokens_cached >= len(HYBRID_PROMPTS[1])
+        engine = p._shared
+        assert sum(s.seq.restored_tokens for s in engine.slots) > 0
+        p.reset()
+        assert [c.tokens for c in again] == [c.tokens for c in alone(p, [p2, HYBRID_PROMPTS[1] + first[1].tokens + [3]],
+                                                                    max_tokens=8)]

@@ -15,16 +15,20 @@ Recurrent and hybrid memories (qwen35, ...): llama.cpp gives each sequence its o
 `n_rs_seq` snapshots (rollback.py, BoundedRollback) `Sequence.keep` may drop up to min(n_rs_seq, m - 1) tokens of
 the sequence's run in the context's last decode (m tokens), once; llama.cpp keeps that snapshot index per sequence,
 and its equal split of a multi-sequence batch keeps each sequence's last n_rs_seq + 1 tokens in one ubatch, so the
-bound holds per run whatever the other runs' lengths. Beyond it keep() answers False (no checkpoints here): a caller
-that verifies drafts keeps them within `n_rs_seq`, and a prompt that does not extend a sequence's whole history
-clears it and starts over. llama.cpp hands logits rows back in the batch's order even when it reorders ubatches.
+bound holds per run whatever the other runs' lengths. Beyond it, a sequence goes back only to a turn checkpoint:
+`checkpoint_turn()` saves its recurrent part (host copies, `n_checkpoints` a sequence, the oldest dropped first) at
+the end of a prompt, and a later prompt that leaves what followed (a chat template that re-renders the last answer)
+restarts there (`reusable` names that position, `keep` restores it) instead of from nothing. A caller that verifies
+drafts keeps them within `n_rs_seq`. llama.cpp hands logits rows back in the batch's order even when it reorders ubatches.
 The single-sequence methods inherited from Context (eval, keep, ...) act on sequence 0's record and are not used on
 a shared context; `on_runs(runs)` takes the place of `on_decode` (an MTP head reads each run's hidden rows there).
 """
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass
+
 import numpy as np
 
 from ..config import ModelConfig
@@ -32,7 +36,7 @@ from ..errors import ContextOverflowError, DecodeError
 from .context import Context
 from .model import Model
 from .native import llama_cpp
-from .rollback import NoRollback, Rollback, TailDrop
+from .rollback import PARTIAL_ONLY, NoRollback, Rollback, TailDrop
 
 
 def batchable(ctx: Context, drafts: bool) -> str | None:
@@ -46,6 +50,13 @@ def batchable(ctx: Context, drafts: bool) -> str | None:
     return None
 
 
+@dataclass
+class _Turn:
+    pos: int            # tokens the sequence held when it was saved
+    data: np.ndarray    # llama.cpp's serialised recurrent state (PARTIAL_ONLY)
+    size: int
+
+
 class Sequence:
     """One sequence id of a SharedContext: the tokens its memory holds (positions 0..n_past-1)."""
 
@@ -53,6 +64,8 @@ class Sequence:
         self.shared, self.seq_id = shared, seq_id
         self.tokens: list[int] = []
         self.undoable = 0   # recurrent state: tokens of its run in the last decode that keep() can drop
+        self.turns: list[_Turn] = []   # recurrent state: turn checkpoints, oldest first
+        self.restored_tokens = 0       # how far turn checkpoints took it back in all (what they saved re-decoding)
 
     @property
     def n_past(self) -> int:
@@ -64,9 +77,47 @@ class Sequence:
 
     def reusable(self, tokens: list[int]) -> int:
         """How many of `tokens`' first tokens this sequence can keep: their common prefix with its record; on a
-        recurrent state only if it holds all of the record or drops no more than `undoable` of it, else 0."""
+        recurrent state only if it holds all of the record or drops no more than `undoable` of it, else the newest
+        turn checkpoint within the common prefix (0 without one)."""
         common = next((i for i, (a, b) in enumerate(zip(self.tokens, tokens)) if a != b), min(self.n_past, len(tokens)))
-        return 0 if self.shared.recurrent and self.n_past - common > self.undoable else common
+        if not self.shared.recurrent or self.n_past - common <= self.undoable:
+            return common
+        return max((t.pos for t in self.turns if t.pos <= common), default=0)
+
+    def checkpoint_turn(self) -> None:
+        """Save the recurrent state here (the end of a prompt) for a later prompt to come back to."""
+        if not self.shared.recurrent or self.shared.n_turns < 1 or any(t.pos == self.n_past for t in self.turns):
+            return
+        t0 = time.perf_counter()
+        ptr, flags = self.shared._ptr, PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(ptr, self.seq_id, flags))
+        if size > 0:
+            old = self.turns.pop(0) if len(self.turns) >= self.shared.n_turns else None
+            data = old.data if old is not None and old.data.size >= size else np.empty(size, dtype=np.uint8)
+            written = int(llama_cpp.llama_state_seq_get_data_ext(
+                ptr, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, self.seq_id, flags))
+            if written:
+                self.turns.append(_Turn(self.n_past, data, written))
+        self.shared.rollback_seconds += time.perf_counter() - t0
+
+    def _restore(self, n: int) -> bool:
+        """Back to the turn checkpoint taken at n: its recurrent state, the attention cache trimmed after it."""
+        turn = next((t for t in self.turns if t.pos == n), None)
+        if turn is None:
+            return False
+        t0 = time.perf_counter()
+        read = llama_cpp.llama_state_seq_set_data_ext(self.shared._ptr, turn.data.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_uint8)), turn.size, self.seq_id, PARTIAL_ONLY)
+        ok = bool(read) and bool(llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, n, -1))
+        self.shared.rollback_seconds += time.perf_counter() - t0
+        if not ok:   # the state may be half written: the sequence starts over
+            self.clear()
+            return False
+        self.restored_tokens += self.n_past - n
+        del self.tokens[n:]
+        self.undoable = 0
+        self.turns = [t for t in self.turns if t.pos <= n]
+        return True
 
     def keep(self, n: int) -> bool:
         """Keep the first n tokens, drop the rest (llama_memory_seq_rm on this sequence only). On a recurrent
@@ -77,19 +128,21 @@ class Sequence:
             self.clear()
             return True
         if self.shared.recurrent and self.n_past - n > self.undoable:
-            return False
+            return self._restore(n)
         t0 = time.perf_counter()
         ok = bool(llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, n, -1))
         self.shared.rollback_seconds += time.perf_counter() - t0
         self.undoable = 0   # one rollback per decode
         if ok:
             del self.tokens[n:]
+            self.turns = [t for t in self.turns if t.pos <= n]
         return ok
 
     def clear(self) -> None:
         llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, -1, -1)
         self.tokens.clear()
         self.undoable = 0
+        self.turns = []
 
 
 @dataclass
@@ -117,6 +170,7 @@ class SharedContext(Context):
             raise DecodeError(f"internal: a shared context of {n_seq} sequences")
         self.n_seq = n_seq
         self.recurrent = model.is_recurrent or model.is_hybrid
+        self.n_turns = options.n_checkpoints   # turn checkpoints a sequence keeps (Sequence.checkpoint_turn)
         super().__init__(model, options)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self._ptr)) \
             if self.recurrent and hasattr(llama_cpp, "llama_n_rs_seq") else 0
