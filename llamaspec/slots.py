@@ -90,6 +90,26 @@ def batch_support(pair) -> str | None:
     return why
 
 
+def shrink_own_contexts(pair) -> None:
+    """Remake the pair's own target and draft-model contexts with room for one batch (n_ctx = their n_batch),
+    freeing the rest of their KV caches, for a pair whose requests all run in a shared engine's contexts
+    (serve --parallel): those then hold the only full-size caches. Call it before the shared engine is made, so the
+    full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
+    policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
+    first and made again over the target's new one (at its size)."""
+    head = pair.draft_ctx if _source(pair) == "mtp" else None
+    follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
+    if head is not None:
+        head.release()
+    for ctx in (pair.target_ctx, pair.draft_ctx if head is None else None):
+        if ctx is not None and ctx.n_ctx > ctx.n_batch:
+            ctx.remake(ctx.n_batch)
+    if head is not None:
+        head.remake_over_target()
+    pair.target_ctx.on_decode = follow
+    pair.reset()
+
+
 def check_request(pair, prompt, max_tokens, n_ctx: int, add_special: bool = True, holder: str = "the context"
                   ) -> list[int]:
     """The prompt's token ids, or the error a bad request gets: the one check every front-end shares."""

@@ -355,7 +355,7 @@ def test_an_mtp_head_files_pair_shrinks_and_still_batches(arch_dir, tmp_path):
     """serve --parallel with a head file (mtp-*.gguf beside the trunk): the pair's own target and head contexts are
     remade at one batch (the head's over the target's new context) and the pair still drafts alone; the engine's
     head context runs the head file's model, which stays open when the engine closes."""
-    from llamaspec.server.slots import shrink_own_contexts
+    from llamaspec.slots import shrink_own_contexts
 
     trunk, head_file = tmp_path / "tiny.gguf", tmp_path / "mtp-tiny.gguf"
     split_mtp_head(mtp_target(arch_dir), trunk, head_file)
@@ -436,7 +436,7 @@ def test_shrinking_the_pairs_own_contexts_frees_their_kv_memory(real_models):
 
     from conftest import REAL_SMOLLM
     from llamaspec.backend.native import llama_cpp
-    from llamaspec.server.slots import shrink_own_contexts
+    from llamaspec.slots import shrink_own_contexts
     from llamaspec.gguf.memory import Settings, kv_cache_bytes
 
     if not sys.platform.startswith("linux"):

@@ -81,17 +81,10 @@ class Service:
         self.stopping = False
 
     def _make_worker(self, pair, config: ServerConfig) -> Worker:
-        if config.parallel > 1:
-            from ..slots import batch_support
-
-            why = batch_support(pair)
-            if why is None:
-                from .slots import SlotWorker
-
-                return SlotWorker(pair, self.metrics, config.max_queue, self.template,
-                                  template_kwargs(config.reasoning), parallel=config.parallel)
-            self.parallel_note = f"--parallel {config.parallel} unavailable ({why}): serving one request at a time"
-        return Worker(pair, self.metrics, config.max_queue, self.template, template_kwargs(config.reasoning))
+        worker = Worker(pair, self.metrics, config.max_queue, self.template, template_kwargs(config.reasoning),
+                        parallel=config.parallel)
+        self.parallel_note = worker.parallel_note   # why --parallel fell back to one request at a time
+        return worker
 
     def _draft_state(self) -> dict[str, float]:
         if not self.pair.speculative:
