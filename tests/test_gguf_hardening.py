@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from support.arch_models import find_test_llama_archs, make_arch_model
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
-from support.gguf_crafted import CORPUS, parse, mutate, tiny_llama
+from support.gguf_crafted import CORPUS, MUTANT_SEEDS, parse, mutate, replay, tiny_llama
 from support.load_worker import LoadWorker
 from llamaspec.backend.native import load_error
 from llamaspec.errors import ModelFileError
@@ -126,6 +126,8 @@ REFUSED = {
     "rms_epsilon_nan": "layer_norm_rms_epsilon is nan",
     "expert_gating_unknown": "expert_gating_func is 9",
     "tokenizer_none": "has no vocabulary",
+    "nvfp4_ffn_down_with_scale_and_bias": "blk.0.ffn_down.weight is NVFP4 with both blk.0.ffn_down.scale and "
+                                          "blk.0.ffn_down.bias",
 }
 
 
@@ -242,6 +244,20 @@ def test_mutated_real_model_headers_are_read_or_refused_never_crash(real_headers
         pytest.fail(f"{type(e).__name__} from a mutated {name} ({m.done}): {e}")
 
 
+@pytest.mark.parametrize("arch, field, value", MUTANT_SEEDS, ids=[f"{a}-{f}" for a, f, _ in MUTANT_SEEDS])
+def test_mutants_that_once_aborted_llama_cpp_are_refused_by_run_and_check(seeds, worker, tmp_path, arch, field, value):
+    if arch not in seeds:
+        pytest.skip(f"no {arch} seed: llama.cpp's test-llama-archs not built")
+    seed_path = seeds[arch].write(tmp_path / f"{arch}.gguf")
+    read_model_info(seed_path)   # the seed itself is fine
+    path = replay(seeds[arch], field, value).write(tmp_path / f"{arch}-mutant.gguf")
+    with pytest.raises(ModelFileError):
+        read_model_info(path)
+    assert worker.load(path).startswith("error ModelFileError")
+    assert_one_error_line(cli("run", "-m", path, "-n", "1", "hi"), str(path))
+    assert_one_error_line(cli("check", path), str(path))
+
+
 @pytest.fixture(scope="module")
 def real_headers(real_models) -> dict[str, object]:
     images = {}
@@ -272,7 +288,8 @@ def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) 
     return lines[0]
 
 
-@pytest.mark.parametrize("name", ["block_count_999", "alignment_zero", "nested_arrays_deep"])
+@pytest.mark.parametrize("name", ["block_count_999", "alignment_zero", "nested_arrays_deep",
+                                  "nvfp4_ffn_down_with_scale_and_bias"])
 def test_run_and_check_refuse_a_crafted_model_in_one_line(name, corpus):
     assert_one_error_line(cli("run", "-m", corpus[name], "-n", "1", "hi"), str(corpus[name]))
     result = cli("check", corpus[name], "--vram", "24")
