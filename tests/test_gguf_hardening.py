@@ -270,12 +270,13 @@ def real_headers(real_models) -> dict[str, object]:
 # ---------------------------------------------------------------------------------------------------------------
 # every command: one line
 # ---------------------------------------------------------------------------------------------------------------
-def cli(*args, input_bytes: bytes | None = None, script: Path | None = None) -> subprocess.CompletedProcess:
+def cli(*args, input_bytes: bytes | None = None, script: Path | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
     """A command in its own process (an abort there cannot take pytest down)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), LLAMASPEC_NO_REPACK="1", GGML_NO_BACKTRACE="1")
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "llamaspec"]
     return subprocess.run(command + [str(a) for a in args], input=input_bytes, capture_output=True, env=env,
-                          timeout=300)
+                          timeout=timeout)
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -295,6 +296,20 @@ def test_run_and_check_refuse_a_crafted_model_in_one_line(name, corpus):
     result = cli("check", corpus[name], "--vram", "24")
     assert_one_error_line(result, str(corpus[name]))
     assert b"fits" not in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_model_that_is_not_a_regular_file_is_refused_before_it_is_opened(kind, tmp_path):
+    """Opening a FIFO blocks until a writer comes (and ignored SIGINT and SIGTERM there); /dev/zero never ends."""
+    if kind == "fifo":
+        path = tmp_path / "model.gguf"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    for args in (["run", "-m", path, "-n", "1", "hi"], ["check", path]):   # in a process: it may block
+        assert_one_error_line(cli(*args, timeout=60), str(path), "not a regular file")
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        read_model_info(path)
 
 
 def test_doctor_reports_a_crafted_model_as_one_problem(corpus):
