@@ -38,7 +38,7 @@ def test_no_key_press_or_bad_argument_loses_the_conversation(tmux, real_models, 
                             ("/temp inf", "error: /temp: X must be a number in [0, 2], got inf"),
                             ("/temp 1e999", "error: /temp: X must be a number"), ("/temp ½", "usage: /temp X"),
                             ("/policy nope", "usage: /policy NAME"), ("/save", "usage: /save FILE"),
-                            ("/load /nonexistent/x.json", "error: /load: /nonexistent/x.json: no such conversation file"),
+                            ("/load /nonexistent/x.json", "error: /load: /nonexistent/x.json: no such conversation"),
                             ("/load " + str(REPO / "pyproject.toml"), "is not a conversation /save wrote")]:
         before = prompts(tmux.screen())
         tmux.type(command)
