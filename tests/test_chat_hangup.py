@@ -32,9 +32,12 @@ class Terminal:
                    TERM="dumb")
         self.pid, self.fd = pty.fork()
         if self.pid == 0:   # the chat, with SIGHUP as a shell would leave it (pytest's own may differ)
-            signal.signal(signal.SIGHUP, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.execve(sys.executable, args, env)
+            try:
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                os.execve(sys.executable, args, env)
+            finally:
+                os._exit(127)   # never back into pytest in the child
         self.output = b""
 
     def wait_for(self, predicate, timeout: float, what: str) -> str:
