@@ -3,12 +3,13 @@
 llama.cpp asks two callbacks whether to go on: the abort callback between the graph nodes of a CPU decode, the
 progress callback between the tensors of a load; llamaspec's Context also asks between the chunks of a long decode.
 They all answer `requested()`: the calling thread's cancel event (`cancel_when(event)`: the server's job, set when
-its client leaves or the server stops), or a Ctrl-C / SIGTERM that arrived while the call ran.
+its client leaves or the server stops), or a Ctrl-C / SIGTERM / SIGHUP that arrived while the call ran.
 
 Python cannot raise inside a C call, and an exception raised in a ctypes callback (the log, the progress) is
-printed and lost: so while a call into llama.cpp runs in the main thread, `signals_stop()` turns SIGINT and
-SIGTERM into a flag the callbacks read, and raises KeyboardInterrupt (SIGINT) or SystemExit(143) (SIGTERM) once
-the call has returned. Handlers someone else installed (uvicorn's, a host program's) are left alone.
+printed and lost: so while a call into llama.cpp runs in the main thread, `signals_stop()` turns SIGINT, SIGTERM
+and SIGHUP into a flag the callbacks read, and raises KeyboardInterrupt (SIGINT) or SystemExit(128 + the signal)
+once the call has returned. Handlers someone else installed (uvicorn's, a host program's, nohup's SIG_IGN) are
+left alone.
 Knows nothing about llama.cpp: the backend installs the callbacks.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 import signal
 import threading
 
-_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s is not None)
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 _caught: list[int] = []   # signals that arrived while a call ran (main thread only)
 
 
@@ -49,24 +50,35 @@ def _catch(signum, frame) -> None:
 
 
 def terminate(signum, frame):
-    """A SIGTERM handler for a command's lifetime: exit 143 through the `finally` blocks (the models are freed),
-    where the default action would end the process at once; signals_stop takes over from it during a call."""
+    """A SIGTERM (or SIGHUP) handler for a command's lifetime: exit 128 + the signal through the `finally` blocks
+    (the models are freed, a chat is saved), where the default action would end the process at once;
+    signals_stop takes over from it during a call."""
     raise SystemExit(128 + signum)
 
 
 def exit_on_sigterm() -> None:
     """Install `terminate` for SIGTERM, unless someone else handles it (main thread only)."""
-    sigterm = getattr(signal, "SIGTERM", None)
-    if sigterm is not None and threading.current_thread() is threading.main_thread() \
-            and signal.getsignal(sigterm) == signal.SIG_DFL:
-        signal.signal(sigterm, terminate)
+    _exit_on("SIGTERM")
+
+
+def exit_on_hangup() -> None:
+    """Install `terminate` for SIGHUP (a closed terminal, a dropped SSH connection), unless someone else handles or
+    ignores it (nohup), in the main thread only."""
+    _exit_on("SIGHUP")
+
+
+def _exit_on(name: str) -> None:
+    sig = getattr(signal, name, None)
+    if sig is not None and threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(sig) == signal.SIG_DFL:
+        signal.signal(sig, terminate)
 
 
 @contextlib.contextmanager
 def signals_stop():
-    """Run a call into llama.cpp so that Ctrl-C or SIGTERM stops it (through `requested()`) and then raises
-    KeyboardInterrupt or SystemExit(143). Outside the main thread, or under handlers someone else installed, it
-    changes nothing."""
+    """Run a call into llama.cpp so that Ctrl-C, SIGTERM or SIGHUP stops it (through `requested()`) and then
+    raises KeyboardInterrupt or SystemExit(128 + the signal). Outside the main thread, or under handlers someone
+    else installed, it changes nothing."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
@@ -81,6 +93,6 @@ def signals_stop():
         if previous and _caught:
             first = _caught[0]
             _caught.clear()
-            if first == getattr(signal, "SIGTERM", None):
-                raise SystemExit(128 + first)
-            raise KeyboardInterrupt
+            if first == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + first)

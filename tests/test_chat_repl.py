@@ -1,7 +1,8 @@
 """`llamaspec chat` keeps the conversation whatever is typed: a bad slash-command argument is one line, Ctrl-C at the
-prompt clears the line (also the reflexive second one after stopping a reply), only Ctrl-D and /exit quit, and the
-conversation is saved on the way out and can be loaded again. Driven in a real terminal (tmux) with a small real
-model (smollm2-135m, drafting by prompt lookup so /k has something to set)."""
+prompt clears the line (also the reflexive second one after stopping a reply), only Ctrl-D and /exit quit, /save keeps
+an existing file (/save! replaces it), and the conversation is saved on the way out and can be loaded again. Driven
+in a real terminal (tmux) with a small real model (smollm2-135m, drafting by prompt lookup so /k has something to
+set)."""
 from __future__ import annotations
 
 import json
@@ -37,8 +38,8 @@ def test_no_key_press_or_bad_argument_loses_the_conversation(tmux, real_models, 
                             ("/temp inf", "error: /temp: X must be a number in [0, 2], got inf"),
                             ("/temp 1e999", "error: /temp: X must be a number"), ("/temp ½", "usage: /temp X"),
                             ("/policy nope", "usage: /policy NAME"), ("/save", "usage: /save FILE"),
-                            ("/load /nonexistent/x.json", "error: /load: cannot read /nonexistent/x.json"),
-                            ("/load " + str(REPO / "README.md"), "is not a conversation /save wrote")]:
+                            ("/load /nonexistent/x.json", "error: /load: /nonexistent/x.json: no such conversation"),
+                            ("/load " + str(REPO / "pyproject.toml"), "is not a conversation /save wrote")]:
         before = prompts(tmux.screen())
         tmux.type(command)
         screen = tmux.wait_for(lambda s: prompts(s) > before, 30, command)
@@ -66,6 +67,10 @@ def test_no_key_press_or_bad_argument_loses_the_conversation(tmux, real_models, 
     saved = tmp_path / "mine.json"
     tmux.type(f"/save {saved}")
     tmux.wait_for(lambda s: f"to {saved}]" in s, 30, "/save")
+    tmux.type(f"/save {saved}")   # a second time: the file is kept, and the way to replace it named
+    tmux.wait_for(lambda s: f"/save! {saved} overwrites it" in s.replace("\n", ""), 30, "/save refusing")
+    tmux.type(f"/save! {saved}")
+    tmux.wait_for(lambda s: s.replace("\n", "").count(f"to {saved}]") == 2, 30, "/save!")
     record = json.loads(saved.read_text())
     assert [m["role"] for m in record["messages"]][:2] == ["user", "assistant"]
     assert record["messages"][0]["content"] == "Say hello."

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from support.arch_models import find_test_llama_archs, make_arch_model
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
-from support.gguf_crafted import CORPUS, parse, mutate, tiny_llama
+from support.gguf_crafted import CORPUS, MUTANT_SEEDS, parse, mutate, replay, tiny_llama
 from support.load_worker import LoadWorker
 from llamaspec.backend.native import load_error
 from llamaspec.errors import ModelFileError
@@ -126,6 +126,8 @@ REFUSED = {
     "rms_epsilon_nan": "layer_norm_rms_epsilon is nan",
     "expert_gating_unknown": "expert_gating_func is 9",
     "tokenizer_none": "has no vocabulary",
+    "nvfp4_ffn_down_with_scale_and_bias": "blk.0.ffn_down.weight is NVFP4 with both blk.0.ffn_down.scale and "
+                                          "blk.0.ffn_down.bias",
 }
 
 
@@ -242,6 +244,20 @@ def test_mutated_real_model_headers_are_read_or_refused_never_crash(real_headers
         pytest.fail(f"{type(e).__name__} from a mutated {name} ({m.done}): {e}")
 
 
+@pytest.mark.parametrize("arch, field, value", MUTANT_SEEDS, ids=[f"{a}-{f}" for a, f, _ in MUTANT_SEEDS])
+def test_mutants_that_once_aborted_llama_cpp_are_refused_by_run_and_check(seeds, worker, tmp_path, arch, field, value):
+    if arch not in seeds:
+        pytest.skip(f"no {arch} seed: llama.cpp's test-llama-archs not built")
+    seed_path = seeds[arch].write(tmp_path / f"{arch}.gguf")
+    read_model_info(seed_path)   # the seed itself is fine
+    path = replay(seeds[arch], field, value).write(tmp_path / f"{arch}-mutant.gguf")
+    with pytest.raises(ModelFileError):
+        read_model_info(path)
+    assert worker.load(path).startswith("error ModelFileError")
+    assert_one_error_line(cli("run", "-m", path, "-n", "1", "hi"), str(path))
+    assert_one_error_line(cli("check", path), str(path))
+
+
 @pytest.fixture(scope="module")
 def real_headers(real_models) -> dict[str, object]:
     images = {}
@@ -254,12 +270,13 @@ def real_headers(real_models) -> dict[str, object]:
 # ---------------------------------------------------------------------------------------------------------------
 # every command: one line
 # ---------------------------------------------------------------------------------------------------------------
-def cli(*args, input_bytes: bytes | None = None, script: Path | None = None) -> subprocess.CompletedProcess:
+def cli(*args, input_bytes: bytes | None = None, script: Path | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
     """A command in its own process (an abort there cannot take pytest down)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), LLAMASPEC_NO_REPACK="1", GGML_NO_BACKTRACE="1")
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "llamaspec"]
     return subprocess.run(command + [str(a) for a in args], input=input_bytes, capture_output=True, env=env,
-                          timeout=300)
+                          timeout=timeout)
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -272,12 +289,27 @@ def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) 
     return lines[0]
 
 
-@pytest.mark.parametrize("name", ["block_count_999", "alignment_zero", "nested_arrays_deep"])
+@pytest.mark.parametrize("name", ["block_count_999", "alignment_zero", "nested_arrays_deep",
+                                  "nvfp4_ffn_down_with_scale_and_bias"])
 def test_run_and_check_refuse_a_crafted_model_in_one_line(name, corpus):
     assert_one_error_line(cli("run", "-m", corpus[name], "-n", "1", "hi"), str(corpus[name]))
     result = cli("check", corpus[name], "--vram", "24")
     assert_one_error_line(result, str(corpus[name]))
     assert b"fits" not in result.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_model_that_is_not_a_regular_file_is_refused_before_it_is_opened(kind, tmp_path):
+    """Opening a FIFO blocks until a writer comes (and ignored SIGINT and SIGTERM there); /dev/zero never ends."""
+    if kind == "fifo":
+        path = tmp_path / "model.gguf"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    for args in (["run", "-m", path, "-n", "1", "hi"], ["check", path]):   # in a process: it may block
+        assert_one_error_line(cli(*args, timeout=60), str(path), "not a regular file")
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        read_model_info(path)
 
 
 def test_doctor_reports_a_crafted_model_as_one_problem(corpus):

@@ -476,6 +476,28 @@ def test_rm_removes_files_and_keeps_one_another_downloaded_pair_uses(hub, tiny_p
     assert not twin.exists() and not draft.exists() and not any(blobs.iterdir())
 
 
+def test_rm_takes_a_file_name_literally_and_never_as_a_pattern(hub, tiny_pairs):
+    write_user_toml(TINY_PAIRS + f"""
+[pairs.greedy]
+target = {{ repo = "{REPO}", file = "*.gguf" }}
+draft = {{ repo = "{REPO}", file = "tiny-[dt]*.gguf" }}
+""")
+    target, draft = (Path(p) for p in models_cli("pull", "tiny").stdout.split())
+    result = models_cli("rm", "greedy")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "nothing of greedy to remove"
+    assert target.is_file() and draft.is_file()
+
+
+def test_deeply_nested_models_toml_is_one_line_naming_the_file():
+    path = write_user_toml("[pairs.deep]\nnote = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(RegistryError, match="nested too deeply"):
+        registry.load_registry()
+    for args in (["list"], ["show", "deep"], ["rm", "deep"]):
+        line = error_line(models_cli(*args))
+        assert str(path) in line and "nested too deeply" in line
+
+
 def test_unknown_pair_on_the_command_line_is_one_line():
     assert error_line(models_cli("show", "qwen3-32")).startswith("error: unknown pair 'qwen3-32'; did you mean")
 

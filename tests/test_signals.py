@@ -75,9 +75,10 @@ def wait_busy(url: str, timeout: float = 60) -> None:
 
 
 def signals_as_a_terminal_gives_them() -> None:
-    """In the child before exec: SIGINT and SIGTERM at their defaults and nothing blocked, as a command started from a
-    shell gets them (an ignored or blocked disposition would be inherited from whatever ran before in this process)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """In the child before exec: SIGINT, SIGTERM and SIGHUP at their defaults and nothing blocked, as a command
+    started from a shell gets them (an ignored or blocked disposition would be inherited from whatever ran before in
+    this process)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
@@ -113,7 +114,7 @@ def test_a_client_that_hangs_up_mid_prefill_frees_the_worker(pair, tmp_path):
     assert "Traceback" not in server.stderr()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_during_the_load_stops_it(pair, tmp_path, sig):
     log = tmp_path / "load.log"
     with log.open("w") as err:
@@ -126,7 +127,7 @@ def test_a_signal_during_the_load_stops_it(pair, tmp_path, sig):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.02)
     proc.send_signal(sig)
-    ends_cleanly(proc, log.read_text, 130 if sig == signal.SIGINT else 143)
+    ends_cleanly(proc, log.read_text, 130 if sig == signal.SIGINT else 128 + sig)   # a hang-up too: 129
     text = log.read_text()
     assert "listening" not in text
     said = [line for line in text.splitlines() if not line.startswith("loading ")]   # serve logs each load

@@ -4,13 +4,16 @@ Both KV caches are reused across turns (the engine keeps what matches the new pr
 prefills the new messages. Ctrl-C during a reply stops it (within a chunk of a long prefill); the partial reply
 stays in the history (the model can be asked to continue, and templates that insist on user/assistant alternation
 keep working). A reply stopped before its first token removes the user message again. Ctrl-C at the prompt clears
-the line; only Ctrl-D and /exit quit, and the conversation is then saved (chats_dir()) so no key press loses it.
+the line; only Ctrl-D and /exit quit, and the conversation is then saved (chats_dir(), readable by the user alone),
+as it is on SIGTERM and SIGHUP (a closed terminal), so no key press or dropped connection loses it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from . import main
 from .options import (Command, handle_errors, not_utf8, pair_options, reasoning_option, sampler_kwargs,
                       sampler_options, utf8_argument)
 from .pair_choice import load_pair_from_options
+from .textfile import read_text_file, text_limit
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -30,7 +34,7 @@ HELP = f"""Commands:
   /k N            fixed draft length N (0 = plain decoding)
   /policy NAME    draft-length policy: auto, fixed, confidence, threshold
   /temp X         sampling temperature (0 = greedy)
-  /save FILE      write the conversation as JSON
+  /save FILE      write the conversation as JSON (a new FILE; /save! FILE overwrites one)
   /load FILE      go on with a conversation /save wrote
   /help           this text
   /exit           quit (Ctrl-D too); the conversation is saved first
@@ -146,14 +150,15 @@ class ChatSession:
         except KeyboardInterrupt:
             interrupted = True
             pieces.close()
+        except SystemExit:   # SIGTERM or SIGHUP mid-reply: keep what came; the chat is saved on the way out
+            pieces.close()
+            self._keep_reply("".join(parts), cut=True)
+            raise
         except LlamaspecError as e:
             failed = True
             click.echo(f"\nerror: {e}", err=True)
         reply = "".join(parts)
-        if reply or not (interrupted or failed):
-            self.messages.append({"role": "assistant", "content": reply})
-        else:
-            self.messages.pop()
+        self._keep_reply(reply, cut=interrupted or failed)
         self.last_stats = stats = self.pair.last_stats
         click.echo()
         if interrupted:
@@ -167,6 +172,13 @@ class ChatSession:
             why = plain_reason(self.pair, stats)
             if why:
                 click.echo(dim(f"[{why}]"))
+
+    def _keep_reply(self, reply: str, cut: bool) -> None:
+        """The reply goes into the history; a reply cut before its first token takes its user message away."""
+        if reply or not cut:
+            self.messages.append({"role": "assistant", "content": reply})
+        else:
+            self.messages.pop()
 
     def _show(self, reply_parts, content: list[str]) -> None:
         """The thinking dimmed and set apart, the answer as it is (only the answer goes into the history)."""
@@ -188,7 +200,7 @@ class ChatSession:
         arg = arg.strip()
         handler = {"/exit": self.cmd_exit, "/quit": self.cmd_exit, "/help": self.cmd_help, "/stats": self.cmd_stats,
                    "/reset": self.cmd_reset, "/k": self.cmd_k, "/policy": self.cmd_policy, "/temp": self.cmd_temp,
-                   "/save": self.cmd_save, "/load": self.cmd_load}.get(name)
+                   "/save": self.cmd_save, "/save!": self.cmd_save_over, "/load": self.cmd_load}.get(name)
         if handler is None:
             click.echo(f"unknown command {name}; /help lists them")
             return True
@@ -266,23 +278,34 @@ class ChatSession:
         self.sampler["temperature"] = bounds.check("temperature", value, param="X")
         click.echo(dim(f"[temperature {value:g}]"))
 
-    def cmd_save(self, arg):
+    def cmd_save(self, arg, overwrite: bool = False):
         if not arg:
-            click.echo("usage: /save FILE")
+            click.echo(f"usage: /save{'!' if overwrite else ''} FILE")
             return
-        path = self.save(Path(arg).expanduser())
+        path = Path(arg).expanduser()
+        if not overwrite and os.path.lexists(path):
+            click.echo(f"error: /save: {path} exists; /save! {arg} overwrites it")
+            return
+        path = self.save(path, overwrite)
         if path is not None:
             click.echo(dim(f"[saved {len(self.messages)} messages to {path}]"))
 
-    def save(self, path: Path) -> Path | None:
-        """Write the conversation as JSON (what /load reads); None, with one line said, when it cannot."""
+    def cmd_save_over(self, arg):
+        self.cmd_save(arg, overwrite=True)
+
+    def save(self, path: Path, overwrite: bool = False) -> Path | None:
+        """Write the conversation as JSON (what /load reads), readable by the user alone; None, with one line
+        said, when it cannot (or when the file exists and not `overwrite`)."""
         record = {"model": str(self.pair.target.path),
                   "draft": str(self.pair.draft.path) if self.pair.draft is not None else None,
                   "system": self.system, "messages": self.messages,
                   "sampler": {k: v for k, v in self.sampler.items() if k != "max_tokens"}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            write_private(path, json.dumps(record, indent=2, ensure_ascii=False) + "\n", overwrite)
+        except FileExistsError:
+            click.echo(f"error: {path} exists; /save! {path} overwrites it", err=True)
+            return None
         except OSError as e:
             click.echo(f"error: cannot write {path}: {e.strerror or e}", err=True)
             return None
@@ -293,10 +316,9 @@ class ChatSession:
             click.echo("usage: /load FILE")
             return
         path = Path(arg).expanduser()
+        text = read_text_file(path, text_limit(self.pair.n_ctx), "conversation file")
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise OSError(f"cannot read {path}: {e.strerror or e}") from None
+            record = json.loads(text)
         except (ValueError, RecursionError):
             raise ValueError(f"{path} is not a conversation /save wrote (not JSON)") from None
         messages = record.get("messages") if isinstance(record, dict) else None
@@ -309,14 +331,21 @@ class ChatSession:
         click.echo(dim(f"[loaded {len(messages)} messages from {path}]"))
 
     def save_on_exit(self) -> None:
-        if self.messages:
-            stem, n = time.strftime("chat-%Y%m%d-%H%M%S"), 1
-            path = chats_dir() / f"{stem}.json"
-            while path.exists():
-                n += 1
-                path = chats_dir() / f"{stem}-{n}.json"
-            path = self.save(path)
-            if path is not None:
+        if not self.messages:
+            return
+        folder, stem, n = chats_dir(), time.strftime("chat-%Y%m%d-%H%M%S"), 1
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            click.echo(f"error: cannot write {folder}: {e.strerror or e}", err=True)
+            return
+        path = folder / f"{stem}.json"
+        while os.path.lexists(path):
+            n += 1
+            path = folder / f"{stem}-{n}.json"
+        path = self.save(path)
+        if path is not None:
+            with contextlib.suppress(OSError):   # the terminal may be gone (SIGHUP); the file is written
                 click.echo(dim(f"[conversation saved to {path}; /load it to go on]"))
 
     # -- the loop -------------------------------------------------------------------------------------------
@@ -352,6 +381,31 @@ class ChatSession:
         return True
 
 
+def write_private(path: Path, text: str, overwrite: bool) -> None:
+    """Write `text` to `path` with mode 0600, all or nothing: a temporary file in the same folder, then renamed
+    over `path` (overwrite) or linked to it (FileExistsError when `path` exists, even if it appeared meanwhile)."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")   # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(temporary, path)
+        else:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                raise
+            except OSError:   # a file system without hard links: not atomic against a file appearing meanwhile
+                if os.path.lexists(path):
+                    raise FileExistsError(path) from None
+                os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
 def _enable_line_editing() -> None:
     try:
         import readline  # noqa: F401  (input() gains history and editing)
@@ -379,6 +433,9 @@ def plain_reason(pair, stats) -> str | None:
 @handle_errors
 def chat(system, reasoning, **opts):
     """Chat with the pair in the terminal (uses the chat template in the target GGUF)."""
+    from ..interrupt import exit_on_hangup
+
+    exit_on_hangup()   # a closed terminal ends the chat like SIGTERM and Ctrl-D: the conversation is saved
     system = utf8_argument(system, "--system")
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:

@@ -11,28 +11,23 @@ from . import main
 from .options import (Command, decode_utf8, handle_errors, pair_options, reasoning_option, sampler_kwargs,
                       sampler_options, utf8_argument, warn)
 from .pair_choice import load_pair_from_options
+from .textfile import MAX_TEXT_BYTES, read_at_most, read_text_file, text_limit
 
 
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """PROMPT, the text of -f FILE, or stdin for `-` (either form); all of them UTF-8."""
-    from ..errors import PromptFileError
-
+def read_prompt(prompt: str | None, prompt_file: str | None, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """PROMPT, the text of -f FILE, or stdin for `-` (either form); all of them UTF-8, a file or stdin of at most
+    max_bytes."""
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt as an argument or with -f FILE, not both")
     if prompt is None and prompt_file is None:
         raise click.UsageError("no prompt: give PROMPT, -f FILE, or - to read stdin")
     if prompt == "-" or prompt_file == "-":
         stream = getattr(sys.stdin, "buffer", None)
-        return decode_utf8(stream.read(), "stdin") if stream is not None else sys.stdin.read()
+        return decode_utf8(read_at_most(stream, max_bytes, "stdin"), "stdin") if stream is not None \
+            else sys.stdin.read()
     if prompt is not None:
         return utf8_argument(prompt, "PROMPT")
-    path = Path(prompt_file)
-    try:
-        return decode_utf8(path.read_bytes(), str(path))
-    except FileNotFoundError:
-        raise PromptFileError(f"{path}: no such prompt file") from None
-    except OSError as e:
-        raise PromptFileError(f"{path}: cannot read prompt file ({e.strerror or e})") from None
+    return read_text_file(Path(prompt_file), max_bytes, "prompt file")
 
 
 def chat_tokens(pair, messages: list[dict]) -> list[int]:
@@ -77,7 +72,7 @@ def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json
     """
     if prompt is not None and prompt_option is not None:
         raise click.UsageError("give the prompt once: PROMPT or -p PROMPT")
-    text = read_prompt(prompt if prompt is not None else prompt_option, prompt_file)
+    text = read_prompt(prompt if prompt is not None else prompt_option, prompt_file, text_limit(opts.get("n_ctx")))
     system = utf8_argument(system, "--system")
     stop = [utf8_argument(s, "--stop") for s in stop]
     if raw and (use_chat or system is not None):   # before a model loads

@@ -9,6 +9,7 @@ gives a clearer message than llama.cpp's "failed to load model". This module kno
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping
 
 from gguf import GGUFValueType as T
@@ -35,6 +36,9 @@ _NO_HPARAMS_ARCHS = ("clip",)
 # Whose token embedding is not {embedding_length, n_vocab} (src/models/*.cpp).
 _OWN_EMBEDDING_ARCHS = ("eagle3", "dflash", "falcon-h1", "wavtokenizer-dec")
 _F32 = 0
+_NVFP4 = 40
+# the weights llm_graph_context::build_ffn multiplies by (dense feed-forward blocks and shared experts)
+_DENSE_FFN_WEIGHT = re.compile(r"blk\.\d+\.ffn_(up|gate|down)(_shexp)?\.weight")
 # Besides 1-D tensors: what element-wise and state-space ops take as F32 only (the converters keep them F32).
 _F32_SUFFIXES = ("norm.weight", ".bias", ".ssm_a", ".ssm_d")
 _NOT_WEIGHT_TYPES = {9: "Q8_1", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}  # work types
@@ -192,7 +196,8 @@ def _hrm_slots(info) -> int | None:
 
 def _head_sizes(info, types, elem_types) -> str | None:
     """Head sizes as load_hparams derives them (`_heads`). ggml's rope asserts an even rotary dimension no larger
-    than the head it turns, for full and sliding-window layers alike."""
+    than the head it turns, for full and sliding-window layers alike; the graphs of HEAD_K_EQ_V_ARCHS assert
+    n_embd_k_gqa(il) == n_embd_v_gqa(il), on sliding-window layers too (src/models/lfm2.cpp)."""
     a = info.arch
     if a in HEAD_K_EQ_V_ARCHS and f"{a}.block_count" in info.metadata \
             and max(_per_layer(info, "attention.head_count", 1), default=0) <= 0:
@@ -201,7 +206,10 @@ def _head_sizes(info, types, elem_types) -> str | None:
     if heads is None:
         return None
     n_head, n_embd, head_k, head_v, n_rot = heads
-    for suffix, head in (("", head_k), ("_swa", _int(info, "attention.key_length_swa") or head_k)):
+    # sliding-window head sizes default to the full ones; a 0 given is a 0 (the graph then asserts on it)
+    swa = tuple(full if given is None else given for full, given in
+                ((head_k, _int(info, "attention.key_length_swa")), (head_v, _int(info, "attention.value_length_swa"))))
+    for suffix, head in (("", head_k), ("_swa", swa[0])):
         rot = _int(info, f"rope.dimension_count{suffix}")
         if rot is not None and (rot % 2 or rot > head or (rot == 0 and a not in NO_ROPE_ARCHS)):
             return (f"{a}.rope.dimension_count{suffix} is {rot}; it must be even, above 0 and at most the head size "
@@ -213,7 +221,6 @@ def _head_sizes(info, types, elem_types) -> str | None:
     sections = [sections] * 4 if isinstance(sections, int) else sections  # get_key_or_arr(..., 4): one or four
     if isinstance(sections, list) and all(isinstance(v, int) for v in sections) and sum(sections) > head_k:
         return f"{a}.rope.dimension_sections {sections} add up to more than the head size {head_k}"
-    swa = (_int(info, "attention.key_length_swa") or head_k, _int(info, "attention.value_length_swa") or head_v)
     if a in HEAD_K_EQ_V_ARCHS and (head_k != head_v or swa[0] != swa[1]):
         return f"{a} needs equal key and value head sizes, the header gives {head_k}/{head_v} (sliding window: {swa})"
     if a in HEAD_IS_ROT_ARCHS and n_rot != head_v:
@@ -365,11 +372,20 @@ def _tensor_types(info, types, elem_types) -> str | None:
 
 
 def _tensor_pairs(info, types, elem_types) -> str | None:
+    """Tensors that need another one, or exclude one. llm_graph_context::build_ffn asserts that an NVFP4 up, gate or
+    down weight has its per-tensor scale (`.scale`, loaded for every architecture) or a bias, not both: the scale
+    would be applied after the bias."""
     names = {t.name for t in info.tensors}
     for present, needed in _USED_IF_PRESENT.get(info.arch, ()):
         for name in sorted(names):
             if name.endswith("." + present) and name[:-len(present)] + needed not in names:
                 return f"tensor {name} comes without {name[:-len(present)] + needed}, which {info.arch} needs with it"
+    for t in info.tensors:
+        if t.ggml_type == _NVFP4 and _DENSE_FFN_WEIGHT.fullmatch(t.name):
+            stem = t.name.removesuffix("weight")
+            if stem + "scale" in names and stem + "bias" in names:
+                return (f"tensor {t.name} is NVFP4 with both {stem}scale and {stem}bias; llama.cpp takes an NVFP4 "
+                        "feed-forward weight with a scale or a bias, not both")
     return None
 
 

@@ -194,6 +194,8 @@ def read_model_info(path: str | os.PathLike, keep_all: bool = False) -> ModelInf
         raise ModelFileError(f"{path}: no such model file")
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not a GGUF model file")
+    if not path.is_file():   # opening a FIFO blocks until a writer comes, and a device never ends
+        raise ModelFileError(f"{path}: not a regular file (a pipe, socket or device), not a GGUF model file")
     try:
         with path.open("rb") as f:
             file_size = os.fstat(f.fileno()).st_size

@@ -93,8 +93,10 @@ def remove(ref: ModelRef) -> int:
         return 0
     storage = hf_cache_dir() / ("models--" + ref.repo.replace("/", "--"))
     snapshots = storage / "snapshots"
-    # the registry refuses file names that leave the repo (registry.check_repo_file); never delete outside anyway
-    pointers = [p for p in snapshots.glob(f"*/{ref.file}") if (p.is_symlink() or p.is_file())
+    # the file by its exact name in each snapshot: a name is never a pattern ("*.gguf" is a file called "*.gguf").
+    # The registry refuses file names that leave the repo (registry.inside_repo_problem); never delete outside anyway
+    revisions = [folder for folder in snapshots.iterdir() if folder.is_dir()] if snapshots.is_dir() else []
+    pointers = [p for p in (folder / ref.file for folder in revisions) if (p.is_symlink() or p.is_file())
                 and _inside(p.parent.resolve(), snapshots.resolve())]
     blobs = {p.resolve() for p in pointers if p.is_symlink() and _inside(p.resolve(), (storage / "blobs").resolve())}
     freed = 0

@@ -203,6 +203,8 @@ def _read_toml(path: Path) -> tuple[str, dict]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise RegistryError(f"{path}{_toml_error_position(e)}: invalid TOML: {_toml_error_message(e)}") from None
+    except RecursionError:   # tomllib parses nested arrays and inline tables recursively
+        raise RegistryError(f"{path}: invalid TOML: arrays or inline tables nested too deeply") from None
     unknown = [key for key in data if key != "pairs"]
     if unknown:
         raise RegistryError(f"{path}: unknown top-level key {unknown[0]!r} (pairs go in [pairs.NAME] tables)")

@@ -30,6 +30,7 @@ UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64,
 _FORMATS = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
             BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d"}
 GGML_F32 = 0
+GGML_NVFP4 = 40
 MAX_TENSOR_BYTES = 1 << 36  # a shape claiming more is not backed by data (a sparse file can hold less)
 
 
@@ -292,6 +293,13 @@ def _set_tensor(name, **changes):
     return _edit(edit)
 
 
+def _nvfp4_scaled_and_biased(image):
+    """An NVFP4 ffn_down with both a per-tensor scale and a bias (llama-graph.cpp's build_ffn asserts on it)."""
+    image.tensor("blk.0.ffn_down.weight").ggml_type = GGML_NVFP4
+    image.tensors += [Tensor("blk.0.ffn_down.scale", [1], GGML_F32, np.ones(1, np.float32).tobytes()),
+                      Tensor("blk.0.ffn_down.bias", [32], GGML_F32, np.zeros(32, np.float32).tobytes())]
+
+
 CORPUS = {
     # counts and sizes the file cannot hold
     "n_tensors_huge": _edit(lambda im: im.to_bytes(n_tensors=2**62)),
@@ -350,6 +358,7 @@ CORPUS = {
     "key_length_differs_from_value_length": _with(llama__attention__key_length=(UINT32, 8)),
     "value_length_wrong": _with(llama__attention__value_length=(UINT32, 8)),
     "norm_not_f32": _set_tensor("output_norm.weight", ggml_type=1),  # F16: ggml's CPU add/mul abort on it
+    "nvfp4_ffn_down_with_scale_and_bias": _edit(_nvfp4_scaled_and_biased),
     "matrix_f64": _set_tensor("blk.0.ffn_down.weight", ggml_type=28),
     "rms_epsilon_negative": _with(llama__attention__layer_norm_rms_epsilon=(FLOAT32, -1.0)),
     "rms_epsilon_nan": _with(llama__attention__layer_norm_rms_epsilon=(FLOAT32, float("nan"))),
@@ -378,6 +387,26 @@ CORPUS = {
 
 def corpus_file(name: str) -> bytes:
     return CORPUS[name]()
+
+
+# Mutants of the fuzzer's seeds that got past the header checks and then aborted llama.cpp, as (seed architecture,
+# field, value): a metadata key set to (value type, value), or a tensor given {attribute: value}. The seed is
+# test-llama-archs' model of that architecture (the fuzz tests' `seeds`); `replay` makes the mutant again.
+MUTANT_SEEDS = (
+    ("lfm2", "lfm2.attention.value_length_swa", (UINT32, 0)),   # GGML_ASSERT(n_embd_v_gqa == n_embd_k_gqa)
+    ("llama", "blk.0.ffn_down.weight", {"ggml_type": GGML_NVFP4}),   # beside ffn_down.scale and ffn_down.bias
+)
+
+
+def replay(seed: Image, field: str, value) -> Image:
+    """A copy of `seed` with one entry of MUTANT_SEEDS applied."""
+    image = seed.copy()
+    if isinstance(value, dict):
+        for attribute, new in value.items():
+            setattr(image.tensor(field), attribute, new)
+    else:
+        image.set(field, *value)
+    return image
 
 
 # ---------------------------------------------------------------------------------------------------------------
