@@ -43,7 +43,6 @@ from .sampling import OPENAI, SamplerConfig, Sampling, as_dist
 from .shaping import Shaper, Shaping
 from .stats import GenerationStats, StepTimes
 from .text import Piece, StopMatcher
-from . import modes
 
 BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
 DEFAULT_PREFILL_CHUNK = 128

@@ -24,7 +24,6 @@ Off by default: `enable_tree(pair, ...)` turns it on (benchmarks/compare/bench_e
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np

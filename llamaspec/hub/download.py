@@ -10,17 +10,12 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import RegistryError
+from .entries import HUB_URL, ModelRef, PairEntry
 
-if TYPE_CHECKING:  # only annotations: the registry imports this module
-    from .registry import ModelRef, PairEntry
-
-HUB_URL = "https://huggingface.co"
 DISK_MARGIN_BYTES = 256 * 2**20   # left free after a download
 _TRUE = ("1", "ON", "YES", "TRUE")
-
 
 
 def hf_cache_dir() -> Path:
