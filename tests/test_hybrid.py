@@ -425,7 +425,7 @@ class CostedContext(FakeContext):
 
 def test_auto_drafts_less_where_rolling_back_is_expensive(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr("llamaspec.engine.time", clock)
+    monkeypatch.setattr("llamaspec.slots.time", clock)
 
     def mean_draft_len(rollback_cost: float) -> float:
         target, draft = FakeModel(), FakeModel(disagree=0.4, salt=3)
