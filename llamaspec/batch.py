@@ -40,7 +40,7 @@ from .drafters.base import Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .engine import Completion, shadow_acceptance
 from .errors import ContextOverflowError, DecodeError, InvalidParameterError
-from .kinds import KINDS
+from .kinds import KINDS, Source
 from .policy import AutoPolicy, Hooks
 from .policy.batch import BatchPolicy
 from .sampling import OPENAI, SamplerConfig, Sampling
@@ -52,8 +52,8 @@ BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches
 DEFAULT_PREFILL_CHUNK = 128
 
 
-def _source(pair) -> str | None:
-    """What drafts for the pair (kinds.SOURCES), None without a drafter."""
+def _source(pair) -> Source | None:
+    """What drafts for the pair (kinds.Source), None without a drafter."""
     kind = KINDS.get(pair.drafter_kind)
     return kind.source if kind is not None else None
 
@@ -65,7 +65,7 @@ def batch_support(pair) -> str | None:
     if pair.drafter_kind not in BATCHED_DRAFTERS:
         return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
     why = batchable(pair.target_ctx, pair.speculative)
-    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair) == "draft" else None
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair).own_context else None
     if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
@@ -121,10 +121,10 @@ class BatchEngine:
         kind = pair.drafter_kind
         self.draft_ctx = self.mtp = None
         try:
-            if _source(pair) == "draft":
+            if pair.speculative and _source(pair).own_context:
                 self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.target.n_ctx)
-            elif _source(pair) == "mtp":   # the head over the shared target context, a sequence per slot
-                from .drafters.batched_mtp import BatchedMTP
+            elif pair.speculative and _source(pair).shares_target_context:   # the head over the shared target
+                from .drafters.batched_mtp import BatchedMTP                   # context, a sequence per slot
 
                 self.mtp = BatchedMTP(self.target, pair.draft_ctx, n_seq)
         except BaseException:
@@ -138,7 +138,7 @@ class BatchEngine:
         self._scratch: dict[int, np.ndarray] = {}
         policy = pair.policy
         self.policy = BatchPolicy(policy.tuning if isinstance(policy, AutoPolicy) else None, pair.costs,
-                                  free_drafts=_source(pair) == "prompt")
+                                  free_drafts=pair.speculative and _source(pair).free)
         self.times = StepTimes()
 
     @property

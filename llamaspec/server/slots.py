@@ -28,7 +28,7 @@ def shrink_own_contexts(pair) -> None:
     policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
     first and made again over the target's new one (at its size)."""
     kind = KINDS.get(pair.drafter_kind)
-    head = pair.draft_ctx if kind is not None and kind.source == "mtp" else None
+    head = pair.draft_ctx if kind is not None and kind.source.shares_target_context else None
     follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
     if head is not None:
         head.release()
