@@ -126,3 +126,33 @@ def test_a_failed_tree_pass_drops_its_branches_and_keeps_the_committed_sequence(
     finally:
         tree.close()
         model.close()
+
+
+def test_the_mtp_heads_failed_decodes_keep_their_text_and_their_cache(tmp_path, monkeypatch):
+    """The lone head (MTPContext.decode) and the batched one (SharedMTPContext.decode_runs) through the same helper:
+    llama.cpp's tiny qwen35 with an MTP head (skipped without test-llama-archs)."""
+    from support.mtp_models import make_mtp_model
+    from llamaspec import load_pair
+
+    target = make_mtp_model("qwen35", tmp_path, head="agree", trunk_mix=0.1)
+    settings = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")
+    with load_pair(str(target), drafter="mtp", policy="fixed", draft_max=2, **settings) as p:
+        p.generate([5, 6, 7, 8], max_tokens=4)
+        p.generate_batch([[5, 6, 7], [9, 10]], n_seq=2, max_tokens=3)
+        head, shared = p.draft_ctx, p._batch.mtp.ctx
+        seq = shared.sequences[0]
+        lone = (list(head.tokens), head.decode_calls)
+        batched = (list(seq.tokens), shared.decode_calls)
+        state = np.zeros(shared.n_embd, np.float32)
+        monkeypatch.setattr(llama_cpp, "llama_decode", _failing(-4))
+        with pytest.raises(DecodeError, match=r"^llama_decode failed with code -4$"):
+            head.decode([11], state, output="logits")
+        with pytest.raises(DecodeError, match=r"^llama_decode failed with code -4 on the MTP head's batch of 2 "
+                                              r"entries$"):
+            shared.decode_runs([(seq, [11, 12], np.stack([state, state]), True)])
+        monkeypatch.undo()
+        assert (head.tokens, head.decode_calls) == (lone[0], lone[1] + 1)
+        assert (seq.tokens, shared.decode_calls) == (batched[0], batched[1] + 1)
+        assert head.memory_len() == head.n_past
+        rows = shared.decode_runs([(seq, [11, 12], np.stack([state, state]), True)])   # and it decodes again
+        assert rows[0][0].shape == (shared.n_vocab,) and seq.tokens == batched[0] + [11, 12]
