@@ -1,5 +1,6 @@
-"""Loading a pair: check the two files' headers, load both models with one LoadConfig, make their contexts, and
-pick the drafter. Everything about placement is llama.cpp's own; this module only decides what goes where."""
+"""Loading a pair: check the two files' headers, load both models with one LoadConfig, make their contexts (the
+drafter's as its kinds.Source opens it), and pick the drafter. Everything about placement is llama.cpp's own; this
+module only decides what goes where."""
 from __future__ import annotations
 
 from pathlib import Path

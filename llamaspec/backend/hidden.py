@@ -14,7 +14,6 @@ process inside llama.cpp, so `LayerTaps` refuses it before asking. Nothing here 
 from __future__ import annotations
 
 import ctypes
-import time
 from typing import Sequence
 
 import numpy as np
