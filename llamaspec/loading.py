@@ -1,5 +1,6 @@
-"""Loading a pair: check the two files' headers, load both models with one LoadConfig, make their contexts, and
-pick the drafter. Everything about placement is llama.cpp's own; this module only decides what goes where."""
+"""Loading a pair: check the two files' headers, load both models with one LoadConfig, make their contexts (the
+drafter's as its kinds.Source opens it), and pick the drafter. Everything about placement is llama.cpp's own; this
+module only decides what goes where."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ from .gguf.compat import check_pair
 from .gguf.reader import ModelInfo, read_model_info
 from .gguf.recurrent import rollback_kind
 from .gguf.spec_kind import has_mtp_head, spec_kind
-from .kinds import DrafterKind, drafter_kind, kind_for_file
+from .kinds import DrafterKind, Opens, Source, drafter_kind, kind_for_file
 from .policy import DraftPolicy, policy_for
 
 
@@ -73,7 +74,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
     kind = drafter_kind(config.drafter)
-    if draft is None and (kind.draft_file == "arch" or kind.source == "mtp" and not has_mtp_head(target_info)):
+    if draft is None and (kind.draft_file == "arch" or kind.source.head and not has_mtp_head(target_info)):
         draft = sibling_draft(target_info.path, kind.name)   # mtp-/eagle3-/dflash-<model>.gguf beside it, or None
     if draft is not None:
         draft_info = read_model_info(draft)
@@ -88,7 +89,7 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     config = snapshot_reach(config, target_info, kind)
     if policy_obj is None:
         policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
-    if kind.source == "mtp":
+    if kind.source.head:
         _check_mtp_header(target_info if draft_info is None else draft_info)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
     speculative = draft is not None or kind.name != "model"
@@ -128,12 +129,13 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     return _ready(Pair(target_model, target_ctx, drafter, policy_obj, config), config)
 
 
-def _draft_context(source: str, target_ctx, draft: str | None, draft_info: ModelInfo | None, config: LoadConfig):
-    """The context a drafter of this source drafts with: the target's MTP head, a draft model on local devices
-    unless told otherwise (over the target's hidden states for a "hidden" kind), or none."""
+def _draft_context(source: Source, target_ctx, draft: str | None, draft_info: ModelInfo | None, config: LoadConfig):
+    """The context a drafter of this source drafts with, as the source opens it: over the target's (its MTP head,
+    the target's or a head file's), a draft model's own on local devices unless told otherwise, one bound to the
+    target's hidden states, or none."""
     from .backend import Context, Model, devices
 
-    if source == "mtp":
+    if source.opens is Opens.OVER_TARGET:
         from .backend.mtp import MTPContext
 
         if draft is None:
@@ -145,7 +147,7 @@ def _draft_context(source: str, target_ctx, draft: str | None, draft_info: Model
         except BaseException:
             head.close()
             raise
-    if draft is None or source == "prompt":   # prompt lookup drafts from the history: a draft file goes unused
+    if draft is None or source.opens is Opens.NOTHING:   # drafts from the history: a draft file goes unused
         return None
     draft_config = config.draft_config().replace(n_rs_seq=0)  # drafting decodes single tokens: no snapshots
     draft_devices: Sequence[str] | None = None
@@ -155,7 +157,7 @@ def _draft_context(source: str, target_ctx, draft: str | None, draft_info: Model
         draft_devices = tuple(d.name for d in devices() if d.kind == "gpu" and d.backend != "RPC")
     draft_model = Model(draft, draft_config.replace(devices=draft_devices), info=draft_info)
     try:
-        if source == "hidden":  # reads the target's hidden states, borrows its embeddings / head
+        if source.opens is Opens.BOUND:  # reads the target's hidden states, borrows its embeddings / head
             from .backend.hidden import HiddenDraftContext
 
             return HiddenDraftContext(draft_model, draft_config, target_ctx)

@@ -36,7 +36,7 @@ from .drafters import PromptLookupDrafter, common_prefix_len
 from .drafters.base import Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .errors import Cancelled, ContextOverflowError, DecodeError, InvalidParameterError
-from .kinds import KINDS
+from .kinds import KINDS, Source
 from .policy import AutoPolicy, Hooks
 from .policy.batch import BatchPolicy
 from .sampling import OPENAI, SamplerConfig, Sampling, as_dist
@@ -68,8 +68,8 @@ def shadow_acceptance(probe, emitted: int, target_probs) -> float:
     return min(1.0, p / q) if q > 0 else 0.0
 
 
-def _source(pair) -> str | None:
-    """What drafts for the pair (kinds.SOURCES), None without a drafter."""
+def _source(pair) -> Source | None:
+    """What drafts for the pair (kinds.Source), None without a drafter."""
     kind = KINDS.get(pair.drafter_kind)
     return kind.source if kind is not None else None
 
@@ -82,7 +82,7 @@ def batch_support(pair) -> str | None:
     if pair.drafter_kind not in BATCHED_DRAFTERS:
         return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
     why = batchable(pair.target_ctx, pair.speculative)
-    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair) == "draft" else None
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair).own_context else None
     if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
@@ -96,7 +96,7 @@ def shrink_own_contexts(pair) -> None:
     full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
     policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
     first and made again over the target's new one (at its size)."""
-    head = pair.draft_ctx if _source(pair) == "mtp" else None
+    head = pair.draft_ctx if pair.speculative and _source(pair).shares_target_context else None
     follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
     if head is not None:
         head.release()
@@ -318,9 +318,10 @@ class SharedTarget:
         self.k_cap = self.ctx.n_rs_seq if self.ctx.recurrent else self.ctx.n_batch
         self.draft_ctx = self.mtp = None
         try:
-            if _source(pair) == "draft":
+            if pair.speculative and _source(pair).own_context:
                 self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.ctx.n_ctx)
-            elif _source(pair) == "mtp":   # the head over the shared target context, a sequence per slot
+            elif pair.speculative and _source(pair).shares_target_context:   # the head over the shared target
+                # context, a sequence per slot
                 from .drafters.batched_mtp import BatchedMTP
 
                 self.mtp = BatchedMTP(self.ctx, pair.draft_ctx, n_seq)
@@ -464,7 +465,7 @@ class Engine:
         self.pair, self.target, self.slots = pair, target, target.slots
         policy = pair.policy
         self.policy = BatchPolicy(policy.tuning if isinstance(policy, AutoPolicy) else None, pair.costs,
-                                  free_drafts=_source(pair) == "prompt")
+                                  free_drafts=pair.speculative and _source(pair).free)
         target.engine_policy = self.policy
         self.times = StepTimes()
 

@@ -5,8 +5,13 @@ dataclasses; below it is llama.cpp.
   watchers (progress of a model load).
 - `devices`: llama.cpp's device registry (GPUs, RPC servers) for placement.
 - `model`: a loaded GGUF (weights, vocabulary, tokenizer).
-- `context`: one sequence's cache; decode at explicit positions, logits as zero-copy views, `keep(n)`.
+- `context`: one sequence's cache; decode at explicit positions, logits as zero-copy views, `keep(n)`. Every
+  decode of every context below goes through its one timed call (`Context._timed_decode`: decode_seconds and
+  decode_calls, and the error when llama.cpp refuses a batch).
 - `rollback`: how a context's memory goes back to n tokens (the engine never learns which way).
+- `sequences`: several sequences in one context (batching); `tree`: a target context holding branches.
+- `mtp`: an MTP head's context over its target's, for one sequence or a head sequence per shared sequence;
+  `hidden`: the context of a draft bound to the target's hidden states (EAGLE-3, DFlash).
 
 It knows nothing of drafting, acceptance or policies.
 """

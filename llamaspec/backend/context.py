@@ -243,17 +243,9 @@ class Context(DeviceSampling, NativeHandle):
                 self._before_decode(self, m, m - first_out)
                 self.rollback_seconds += time.perf_counter() - t_hook
             self._batch.n_tokens = m
-            t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self._ptr, self._batch)
-            if rc == 0 and last_chunk and logits != "none":
-                if self._chain is None:
-                    ptr = llama_cpp.llama_get_logits(self._ptr)  # synchronises with the device
-                else:
-                    llama_cpp.llama_synchronize(self._ptr)
-            self.decode_seconds += time.perf_counter() - t0
-            self.decode_calls += 1
-            if rc != 0:
-                self._decode_failed(rc, m)
+            sync = None if not last_chunk or logits == "none" else \
+                llama_cpp.llama_get_logits if self._chain is None else llama_cpp.llama_synchronize
+            ptr = self._timed_decode(self._batch, m, sync)
             self.tokens.extend(chunk.tolist())
             if self.on_decode is not None:
                 self.on_decode(chunk, self.n_past - m)
@@ -278,26 +270,41 @@ class Context(DeviceSampling, NativeHandle):
         self._merged_from = -1
         if self._before_decode is not None:
             self._before_decode(self, 1, 1)
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ptr, b)
-        result = sync(self._ptr) if rc == 0 else None
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        if rc != 0:
-            self._decode_failed(rc, 1)
+        result = self._timed_decode(b, 1, sync)
         self.tokens.append(token)
         if self.on_decode is not None:
             self.on_decode((token,), self.n_past - 1)
         return result
 
-    def _decode_failed(self, rc: int, m: int):
-        self.resync()  # drop whatever part of the batch llama.cpp may have stored: the cache is as before
-        if rc == 1:
-            raise ContextOverflowError(f"no KV cache slot for {m} tokens at position {self.n_past} "
-                                       f"(context {self.n_ctx})")
-        if rc == 2:   # the abort callback said stop (interrupt.py)
-            raise Cancelled(f"stopped while decoding {m} tokens")
-        raise DecodeError(f"llama_decode failed with code {rc}")
+    def _timed_decode(self, batch, n: int, sync=None, undo=None, what: str | None = None,
+                      process: int | None = None):
+        """Every decode of a batch goes through here: llama_decode(batch) of n entries (llama_process of that kind
+        for an extended batch), then, when it succeeded, `sync(ctx)` (reading the logits or the device's tokens waits
+        for the device), the two timed together in decode_seconds and counted in decode_calls. Returns what sync
+        returned (None without one).
+
+        On failure `undo()` puts the memory back as it was before the batch (default: resync, for this context's one
+        sequence) and an error says what failed: a batch that `what` names ("a shared batch of {n} tokens", with n
+        filled in) is a DecodeError naming it; one sequence's batch is a ContextOverflowError when no KV cache slot
+        was left, Cancelled when the abort callback stopped it (interrupt.py), else a DecodeError."""
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ptr, batch) if process is None else \
+            llama_cpp.llama_process(self._ptr, process, batch)
+        result = sync(self._ptr) if rc == 0 and sync is not None else None
+        self.decode_seconds += time.perf_counter() - t0
+        self.decode_calls += 1
+        if rc != 0:
+            (undo or self.resync)()   # whatever part of the batch llama.cpp stored goes: the cache is as before
+            if what is not None:
+                call = "llama_decode" if process is None else "llama_process"
+                raise DecodeError(f"{call} failed with code {rc} on {what.format(n=n)}")
+            if rc == 1:
+                raise ContextOverflowError(f"no KV cache slot for {n} tokens at position {self.n_past} "
+                                           f"(context {self.n_ctx})")
+            if rc == 2:   # the abort callback said stop (interrupt.py)
+                raise Cancelled(f"stopped while decoding {n} tokens")
+            raise DecodeError(f"llama_decode failed with code {rc}")
+        return result
 
     def _logits_view(self, ptr, rows: int) -> np.ndarray:
         """A numpy view of llama.cpp's logits buffer, made once per (address, rows): building one costs more

@@ -14,7 +14,6 @@ process inside llama.cpp, so `LayerTaps` refuses it before asking. Nothing here 
 from __future__ import annotations
 
 import ctypes
-import time
 from typing import Sequence
 
 import numpy as np
@@ -184,15 +183,13 @@ class HiddenDraftContext(NativeHandle):
             lc.llama_batch_ext_set_output_logits(b, idx, True)
 
     def _process(self, kind: int, n: int) -> None:
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_process(self._ptr, kind, self._batch)
-        if rc == 0:
-            llama_cpp.llama_synchronize(self._ptr)
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        llama_cpp.llama_batch_ext_clear(self._batch)
-        if rc != 0:
-            raise DecodeError(f"the draft's llama_process failed with code {rc} ({n} entries)")
+        try:
+            self._timed_decode(self._batch, n, llama_cpp.llama_synchronize, what="the draft's batch of {n} entries",
+                               process=kind)
+        finally:
+            llama_cpp.llama_batch_ext_clear(self._batch)
+
+    _timed_decode = Context._timed_decode   # the one timed decode (its cache needs no repair after a failure)
 
     def encode(self, features: np.ndarray, out: np.ndarray) -> None:
         """EAGLE-3's encoder: out[i] = fc(features[i]) for every row (no cache; the positions are placeholders

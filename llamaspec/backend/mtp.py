@@ -9,12 +9,15 @@ call per entry. The head's own output state is read per arch (MTP_OUTPUT_ROWS_AR
 per batch entry (read unmasked: llama.cpp's masked read would return the first entry's row), a few only the output
 rows (read masked).
 
-This module knows what an MTP context needs from llama.cpp, not when to decode what (drafters/mtp.py does).
+`SharedMTPContext` is the same head over a SharedContext (backend/sequences.py): a head sequence per target
+sequence, several sequences' entries in one decode (`decode_runs`).
+
+This module knows what an MTP context needs from llama.cpp, not when to decode what (drafters/mtp.py and
+drafters/batched_mtp.py do).
 """
 from __future__ import annotations
 
 import ctypes
-import time
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +27,7 @@ from ..sampling import Dist
 from .context import Context
 from .native import llama_cpp, nextn_functions
 from .rollback import TailDrop
+from .sequences import Sequence as SharedSequence
 
 
 # archs whose llama.cpp builds an MTP graph (LLM_GRAPH_TYPE_DECODER_MTP, src/models/*.cpp); for any other arch an
@@ -123,6 +127,11 @@ class MTPContext(Context):
     def remake_over_target(self) -> None:
         MTPContext.__init__(self, self.target, self.head)
 
+    def over_shared(self, target, n_seq: int) -> "SharedMTPContext":
+        """This head (its model: the target's or a head file's, which stays this context's) over `target`, a
+        SharedContext of the same model: a head sequence for each of its n_seq sequences."""
+        return SharedMTPContext(target, n_seq, self.head)
+
     def _configure(self, params) -> None:
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         params.ctx_other = self._target_ptr
@@ -158,17 +167,12 @@ class MTPContext(Context):
         self._pair_out[n - 1] = 1 if output else 0
         self._pair_batch.n_tokens = n
         self._last_n = n
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
-        if rc == 0 and output:
-            if self._chain is None:
-                self._logits_ptr = llama_cpp.llama_get_logits(self._ptr)  # waits for the device
-            else:
-                llama_cpp.llama_synchronize(self._ptr)
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        if rc != 0:
-            self._decode_failed(rc, n)
+        if not output:
+            self._timed_decode(self._pair_batch, n)
+        elif self._chain is None:
+            self._logits_ptr = self._timed_decode(self._pair_batch, n, llama_cpp.llama_get_logits)   # waits
+        else:
+            self._timed_decode(self._pair_batch, n, llama_cpp.llama_synchronize)
         self.tokens.extend(int(t) for t in tokens)
 
     def last_logits(self) -> np.ndarray:
@@ -217,3 +221,74 @@ class MTPContext(Context):
         raise DecodeError("internal: an MTP context decodes (token, hidden state) entries: use decode()")
 
     eval_argmax = eval
+
+
+class SharedMTPContext(MTPContext):
+    """The MTP head of a SharedContext's model over that context: `n_seq` sequences (`sequences[i]` has seq id i,
+    the target's sequence i's head), each held to the target's n_ctx_seq. `decode_runs` decodes several sequences'
+    (token, hidden state) entries in one llama_decode."""
+
+    def __init__(self, target, n_seq: int, head=None):
+        self.n_seq, self.recurrent = n_seq, False   # the head's memory is a plain KV cache
+        super().__init__(target, head)
+        self.head = None   # a head file's model stays its pair's: closing this context leaves it open
+        self.n_ctx_seq = target.n_ctx_seq
+        self.sequences = [SharedSequence(self, i) for i in range(n_seq)]
+        self._seq_ids = (ctypes.c_int32 * n_seq)(*range(n_seq))
+        base = ctypes.addressof(self._seq_ids)
+        self._seq_ptrs = [ctypes.cast(base + i * ctypes.sizeof(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32))
+                          for i in range(n_seq)]
+        self._seq_of_row = np.zeros(self.n_batch, dtype=np.int64)   # MTPContext pointed every row at seq 0
+
+    def _configure(self, params) -> None:
+        super()._configure(params)
+        params.n_seq_max = self.n_seq
+        params.kv_unified = True
+
+    def decode_runs(self, runs: list[tuple]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Decode runs of (sequence, tokens, hidden states (one row per token), output) in one llama_decode; for each
+        run with output its last entry's (logits row view, copy of the head's output state), else None."""
+        n = sum(len(r[1]) for r in runs)
+        if not 0 < n <= self.n_batch:
+            raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
+        start, outputs = 0, []
+        for seq, tokens, states, output in runs:
+            m = len(tokens)
+            if seq.n_past + m > self.n_ctx_seq:
+                raise ContextOverflowError(f"the MTP head's sequence {seq.seq_id} is full: {seq.n_past} + {m} "
+                                           f"entries exceed its {self.n_ctx_seq}")
+            end = start + m
+            self._pair_tok[start:end] = tokens
+            self._pair_pos[start:end] = np.arange(seq.n_past, seq.n_past + m, dtype=np.int32)
+            self._pair_embd[start:end] = states
+            self._pair_out[start:end] = 0
+            if output:
+                self._pair_out[end - 1] = 1
+                outputs.append(end - 1)
+            for i in np.flatnonzero(self._seq_of_row[start:end] != seq.seq_id):   # ctypes stores where it changed
+                self._pair_seq[start + i] = self._seq_ptrs[seq.seq_id]
+            self._seq_of_row[start:end] = seq.seq_id
+            start = end
+        self._pair_batch.n_tokens = n
+        ptr = self._timed_decode(self._pair_batch, n, llama_cpp.llama_get_logits if outputs else None,   # waits
+                                 undo=lambda: self._undo_runs(runs), what="the MTP head's batch of {n} entries")
+        for seq, tokens, *_ in runs:
+            seq.tokens.extend(int(t) for t in tokens)
+        logits = self._logits_view(ptr, len(outputs)) if outputs else None
+        ith = nextn_functions()[0].llama_get_embeddings_nextn_ith
+        rows, j = [], 0
+        for *_, output in runs:
+            if not output:
+                rows.append(None)
+                continue
+            state = ith(self._ptr, outputs[j])
+            if not state:
+                raise DecodeError("llama.cpp returned no output state for the MTP head's entry")
+            rows.append((logits[j], np.ctypeslib.as_array(state, shape=(self.n_embd,)).copy()))
+            j += 1
+        return rows
+
+    def _undo_runs(self, runs: list[tuple]) -> None:
+        """After a failed decode: whatever part llama.cpp stored goes, every sequence is as before."""
+        for seq, *_ in runs:
+            llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, seq.n_past, -1)

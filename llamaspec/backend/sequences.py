@@ -234,18 +234,8 @@ class SharedContext(Context):
             n_out += run.n_rows
             start = end
         b.n_tokens = n
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ptr, b)
-        ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 and n_out else None   # synchronises
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        if rc != 0:
-            for run in runs:   # whatever part llama.cpp stored goes: every sequence is as before (a recurrent
-                if not self.recurrent:   # state cannot go back without a snapshot: those sequences start over)
-                    llama_cpp.llama_memory_seq_rm(self.memory, run.seq.seq_id, run.seq.n_past, -1)
-                else:
-                    run.seq.clear()
-            raise DecodeError(f"llama_decode failed with code {rc} on a shared batch of {n} tokens")
+        ptr = self._timed_decode(b, n, llama_cpp.llama_get_logits if n_out else None,   # synchronises
+                                 undo=lambda: self._undo_runs(runs), what="a shared batch of {n} tokens")
         if self.on_runs is not None:
             self.on_runs(runs)
         if self.recurrent:   # llama.cpp's split keeps each run's last n_rs_seq + 1 tokens in one ubatch
@@ -259,6 +249,15 @@ class SharedContext(Context):
             run.seq.tokens.extend(run.tokens)
         view = self._logits_view(ptr, n_out) if n_out else None
         return [view[a:a + rows] if rows else None for a, rows in spans]
+
+    def _undo_runs(self, runs: list[Run]) -> None:
+        """After a failed decode: whatever part llama.cpp stored goes, every sequence is as before (a recurrent state
+        cannot go back without a snapshot: those sequences start over)."""
+        for run in runs:
+            if not self.recurrent:
+                llama_cpp.llama_memory_seq_rm(self.memory, run.seq.seq_id, run.seq.n_past, -1)
+            else:
+                run.seq.clear()
 
     def decode_argmax(self, runs: list[Run]) -> list[list[int] | None]:
         """decode(runs), each run's rows reduced to their argmax tokens."""

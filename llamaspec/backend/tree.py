@@ -59,18 +59,16 @@ class TreeContext(Context):
             b.token[r], b.pos[r], b.logits[r], b.n_seq_id[r] = int(token), base + i, 1, 1
             b.seq_id[r][0] = j + 1
         b.n_tokens = m + n_sib
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ptr, b)
-        ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 else None
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        if rc != 0:
-            self.drop_branches()
-            self._decode_failed(rc, m + n_sib)
+        ptr = self._timed_decode(b, m + n_sib, llama_cpp.llama_get_logits, undo=self._undo_tree)
         self.tokens.extend(int(t) for t in chain)
         self._merged_from = -1
         self._branch_base = base
         return self._logits_view(ptr, m + n_sib)
+
+    def _undo_tree(self) -> None:
+        """After a failed tree pass: the branches go, and seq 0 holds its recorded tokens again."""
+        self.drop_branches()
+        self.resync()
 
     def take_branch(self, j: int, i: int, token: int) -> None:
         """Sibling j (an alternative to d_i, `token`) stands: seq 0 keeps [last, d_1..d_(i-1)] and takes the

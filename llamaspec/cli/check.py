@@ -146,7 +146,7 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..gguf.compat import compatibility_report
     from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
-    from ..kinds import drafter_kind
+    from ..kinds import drafter_kind, file_source
     from ..loading import rs_snapshots, sibling_draft, snapshot_reach
     from ..policy import policy_for
 
@@ -171,8 +171,8 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     n_ctx, n_gpu_layers = config.target.n_ctx, config.target.n_gpu_layers
     draft_n_gpu_layers = config.draft.n_gpu_layers if config.draft is not None else None
     mtp = mtp_head_memory(target_info, Settings.of(config.target))
-    head_file = draft_info if draft_kind == "mtp" else None   # its blocks before the head are not there: no model
-    if head_file is not None:                                  # plan, the head's own line (all of its weights)
+    head_file = draft_info if file_source(draft_kind).plan == "head" else None   # its blocks before the head are
+    if head_file is not None:          # not there: no model plan, the head's own line (all of its weights)
         mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
         draft_info = None
     reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
@@ -185,7 +185,7 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
             if info is not head_file:     # a head file's context is a plain KV cache
                 click.echo(f"{'':<8}rollback: {describe_rollback(info, draft=role == 'draft')}")
             if role == "target":
-                head = "in the draft file" if draft_kind == "mtp" else describe_mtp_head(mtp)
+                head = "in the draft file" if head_file is not None else describe_mtp_head(mtp)
                 local = Path(info.path).is_file()
                 beside = sibling_draft(info.path, "mtp") if mtp is None and draft_info is None and local else None
                 if beside is not None:

@@ -1,5 +1,6 @@
 """Drafting with the target's MTP head for several sequences at once (batch.py): one head context over the shared
-target context with a llama.cpp sequence per slot, each following its own sequence as drafters/mtp.py follows one.
+target context with a llama.cpp sequence per slot (backend.mtp.SharedMTPContext, made by the pair's head context),
+each following its own sequence as drafters/mtp.py follows one.
 
 - Following the target: after every shared target decode (`SharedContext.on_runs`), each run's hidden rows go to its
   sequence's ring (indexed by position), and that sequence's head entries the target has just overwritten with
@@ -12,102 +13,24 @@ target context with a llama.cpp sequence per slot, each following its own sequen
 The drafted tokens are the head's argmax (greedy) or draws from its filtered rows with the sequence's own generator;
 those rows are the q the target's rejection sampling reads.
 
-Knows nothing about acceptance rules or policies; BatchEngine hands it DraftJobs as it does for a draft model.
+Knows nothing about llama.cpp (the head context decodes), acceptance rules or policies; BatchEngine hands it
+DraftJobs as it does for a draft model.
 """
 from __future__ import annotations
 
-import ctypes
-import time
-
 import numpy as np
 
-from ..backend.mtp import MTPContext
-from ..backend.native import llama_cpp, nextn_functions
-from ..backend.sequences import Sequence
-from ..errors import ContextOverflowError, DecodeError
 from ..sampling import Sampling, filter_logits, max_prob, sample
 from .base import Draft, ProbsBuffer, common_prefix_len
 from .mtp import BEHIND_MAX, RING_ROWS, HiddenRing
 
 
-class SharedMTPContext(MTPContext):
-    """The MTP head of a SharedContext's model over that context: `n_seq` sequences (`sequences[i]` has seq id i,
-    the target's sequence i's head), each held to the target's n_ctx_seq. `decode_runs` decodes several sequences'
-    (token, hidden state) entries in one llama_decode."""
-
-    def __init__(self, target, n_seq: int, head=None):
-        self.n_seq, self.recurrent = n_seq, False   # the head's memory is a plain KV cache
-        super().__init__(target, head)
-        self.head = None   # a head file's model stays its pair's: closing this context leaves it open
-        self.n_ctx_seq = target.n_ctx_seq
-        self.sequences = [Sequence(self, i) for i in range(n_seq)]
-        self._seq_ids = (ctypes.c_int32 * n_seq)(*range(n_seq))
-        base = ctypes.addressof(self._seq_ids)
-        self._seq_ptrs = [ctypes.cast(base + i * ctypes.sizeof(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32))
-                          for i in range(n_seq)]
-        self._seq_of_row = np.zeros(self.n_batch, dtype=np.int64)   # MTPContext pointed every row at seq 0
-
-    def _configure(self, params) -> None:
-        super()._configure(params)
-        params.n_seq_max = self.n_seq
-        params.kv_unified = True
-
-    def decode_runs(self, runs: list[tuple]) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        """Decode runs of (sequence, tokens, hidden states (one row per token), output) in one llama_decode; for each
-        run with output its last entry's (logits row view, copy of the head's output state), else None."""
-        n = sum(len(r[1]) for r in runs)
-        if not 0 < n <= self.n_batch:
-            raise DecodeError(f"internal: an MTP batch of {n} entries (batch size {self.n_batch})")
-        start, outputs = 0, []
-        for seq, tokens, states, output in runs:
-            m = len(tokens)
-            if seq.n_past + m > self.n_ctx_seq:
-                raise ContextOverflowError(f"the MTP head's sequence {seq.seq_id} is full: {seq.n_past} + {m} "
-                                           f"entries exceed its {self.n_ctx_seq}")
-            end = start + m
-            self._pair_tok[start:end] = tokens
-            self._pair_pos[start:end] = np.arange(seq.n_past, seq.n_past + m, dtype=np.int32)
-            self._pair_embd[start:end] = states
-            self._pair_out[start:end] = 0
-            if output:
-                self._pair_out[end - 1] = 1
-                outputs.append(end - 1)
-            for i in np.flatnonzero(self._seq_of_row[start:end] != seq.seq_id):   # ctypes stores where it changed
-                self._pair_seq[start + i] = self._seq_ptrs[seq.seq_id]
-            self._seq_of_row[start:end] = seq.seq_id
-            start = end
-        self._pair_batch.n_tokens = n
-        t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self._ptr, self._pair_batch)
-        ptr = llama_cpp.llama_get_logits(self._ptr) if rc == 0 and outputs else None   # waits for the device
-        self.decode_seconds += time.perf_counter() - t0
-        self.decode_calls += 1
-        if rc != 0:
-            for seq, *_ in runs:   # whatever part llama.cpp stored goes: every sequence is as before
-                llama_cpp.llama_memory_seq_rm(self.memory, seq.seq_id, seq.n_past, -1)
-            raise DecodeError(f"llama_decode failed with code {rc} on the MTP head's batch of {n} entries")
-        for seq, tokens, *_ in runs:
-            seq.tokens.extend(int(t) for t in tokens)
-        logits = self._logits_view(ptr, len(outputs)) if outputs else None
-        ith = nextn_functions()[0].llama_get_embeddings_nextn_ith
-        rows, j = [], 0
-        for *_, output in runs:
-            if not output:
-                rows.append(None)
-                continue
-            state = ith(self._ptr, outputs[j])
-            if not state:
-                raise DecodeError("llama.cpp returned no output state for the MTP head's entry")
-            rows.append((logits[j], np.ctypeslib.as_array(state, shape=(self.n_embd,)).copy()))
-            j += 1
-        return rows
-
-
 class SeqMTP:
     """One sequence's head state: a ring of the target's hidden states by position, and how far the head's entries
-    are made from target states (`valid`); the same bookkeeping as MTPDrafter's for one sequence."""
+    are made from target states (`valid`); the same bookkeeping as MTPDrafter's for one sequence. `seq`: its head
+    sequence (a backend.sequences.Sequence of the head context)."""
 
-    def __init__(self, seq: Sequence, n_vocab_target: int, ring_rows: int):
+    def __init__(self, seq, n_vocab_target: int, ring_rows: int):
         self.seq, self.n_vocab = seq, n_vocab_target
         self.valid = 0                     # head positions < valid hold entries made from target states
         self.base = 0                      # len(history) at the last proposal
@@ -177,11 +100,11 @@ class SeqMTP:
 
 class BatchedMTP:
     """The head context and one SeqMTP per sequence of the shared target context `target`; `head_ctx`: the pair's
-    own MTPContext (whose model, the target's or a head file, it runs)."""
+    own MTPContext (whose model, the target's or a head file, it runs over `target`: backend.mtp.SharedMTPContext)."""
 
-    def __init__(self, target, head_ctx: MTPContext, n_seq: int):
+    def __init__(self, target, head_ctx, n_seq: int):
         self.target = target
-        self.ctx = SharedMTPContext(target, n_seq, head_ctx.head)
+        self.ctx = head_ctx.over_shared(target, n_seq)
         rows = max(RING_ROWS, target.n_batch + 2 * BEHIND_MAX + 2)   # what a head may lag plus one decode
         self.seqs = [SeqMTP(s, target.n_vocab, rows) for s in self.ctx.sequences]
         target.on_runs = self._follow

@@ -4,7 +4,8 @@ fits a target, decided from the two headers before any weights load.
 Such a draft carries no full model of its own: its features are the inputs of some of the target's layers
 (`<arch>.target_layers`), so it is made for one target's width and depth, and llama.cpp can tap those layers only
 in some architectures. Asking any other one aborts the process inside llama.cpp, which is why the list below is
-checked here, at the boundary. This module reads headers only; the facts about llama.cpp's graphs are those of the
+checked here, at the boundary. What differs between EAGLE-3 and DFlash is data, one `HiddenArch` each. This module
+reads headers only; the facts about llama.cpp's graphs are those of the
 llama.cpp that llama-cpp-python 0.3.36 vendors.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import IncompatiblePairError
-from ..kinds import HIDDEN_DRAFT_ARCHS
+from ..kinds import HIDDEN_DRAFT_ARCHS, KINDS
 from .reader import ModelInfo
 
 
@@ -34,6 +35,38 @@ DFLASH_DEFAULT_BLOCK_SIZE = 16   # llama.cpp's default when dflash.block_size is
 
 
 @dataclass(frozen=True)
+class HiddenArch:
+    """What one hidden-state draft architecture asks of its header and of its target, as llama.cpp's graph for it
+    reads them."""
+
+    name: str                 # the draft's arch, its drafter kind's name
+    n_taps: int | None        # how many target layers it must tap (None: any number)
+    taps_last_output: bool    # may tap id n_layer, the last layer's output, on targets that record it (HEAD_TAP_ARCHS)
+    width_in_header: bool     # the target width it expects is its `target_hidden_size` (else its own width)
+    blocks: bool              # drafts a block at once: block_size, a mask token, attention within the block from
+    #                           the header (non-causal without one); without blocks it is causal
+
+    @property
+    def title(self) -> str:
+        return KINDS[self.name].title
+
+    def top_tap(self, target: ModelInfo) -> int:
+        """The highest layer id it may tap in `target`."""
+        return target.n_layer if self.taps_last_output and target.arch in HEAD_TAP_ARCHS else target.n_layer - 1
+
+    def target_width(self, info: HiddenDraftInfo) -> int | None:
+        """The hidden size of the target it was made for (None: its header does not say)."""
+        return info.target_hidden_size if self.width_in_header else info.n_embd
+
+
+HIDDEN_ARCHS = {a.name: a for a in (
+    HiddenArch("eagle3", n_taps=3, taps_last_output=False, width_in_header=True, blocks=False),
+    HiddenArch("dflash", n_taps=None, taps_last_output=True, width_in_header=False, blocks=True),
+)}
+assert set(HIDDEN_ARCHS) == set(HIDDEN_DRAFT_ARCHS)
+
+
+@dataclass(frozen=True)
 class HiddenDraftInfo:
     """What an EAGLE-3 / DFlash header says about the target it was made for."""
 
@@ -49,14 +82,18 @@ class HiddenDraftInfo:
     has_output: bool
     is_variant: str | None            # DFlash2 / DSpark / DSV4 stages: not supported here
 
+    @property
+    def arch(self) -> HiddenArch:
+        return HIDDEN_ARCHS[self.kind]
+
 
 DFLASH2 = "DFlash2 (selector lattice)"   # llama.cpp PR #27342: selector_* tensors, dflash.selector_top_k
 
 
 def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
     """The header's account of an EAGLE-3 or DFlash draft; None for any other arch."""
-    kind = draft.arch
-    if kind not in HIDDEN_DRAFT_ARCHS:
+    arch = HIDDEN_ARCHS.get(draft.arch)
+    if arch is None:
         return None
     names = {t.name: t for t in draft.tensors}
     layers = draft.arch_get("target_layers") or ()
@@ -72,13 +109,13 @@ def hidden_draft_info(draft: ModelInfo) -> HiddenDraftInfo | None:
     hidden = draft.arch_get("target_hidden_size")
     mask = draft.get("tokenizer.ggml.mask_token_id")
     return HiddenDraftInfo(
-        kind=kind,
+        kind=arch.name,
         target_layers=tuple(int(x) for x in np.asarray(layers).ravel()),
         n_embd=draft.n_embd,
         target_hidden_size=int(hidden) if hidden is not None else None,
-        block_size=int(draft.arch_get("block_size", DFLASH_DEFAULT_BLOCK_SIZE)) if kind == "dflash" else 0,
+        block_size=int(draft.arch_get("block_size", DFLASH_DEFAULT_BLOCK_SIZE)) if arch.blocks else 0,
         mask_token_id=int(mask) if mask is not None else None,
-        causal=bool(causal) if (kind == "dflash" and causal is not None) else kind == "eagle3",
+        causal=bool(causal) if (arch.blocks and causal is not None) else not arch.blocks,
         n_draft_vocab=int(d2t.shape[0]) if d2t is not None else None,
         has_token_embd="token_embd.weight" in names,
         has_output="output.weight" in names,
@@ -92,7 +129,7 @@ def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     info = hidden_draft_info(draft)
     if info is None:
         return None
-    name = "an EAGLE-3" if info.kind == "eagle3" else "a DFlash"
+    arch = info.arch
     if info.is_variant == DFLASH2:
         return ("it is a DFlash2 draft (local convolution + candidate selector); the installed llama.cpp loads it, but "
                 "llamaspec's DFlash drafter does not yet read its selector lattice (the top-k candidates and "
@@ -101,19 +138,19 @@ def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
     if info.is_variant:
         return f"it is a {info.is_variant} draft, which llamaspec does not run (plain DFlash and EAGLE-3 only)"
     if target.arch not in TAP_ARCHS:
-        return (f"llama.cpp cannot read the hidden states of a {target.arch!r} target ({name} draft needs the "
+        return (f"llama.cpp cannot read the hidden states of a {target.arch!r} target ({arch.title} needs the "
                 f"inputs of its layers; supported: {', '.join(sorted(TAP_ARCHS))})")
     if not info.target_layers:
         return f"the draft names no target layers ({info.kind}.target_layers is missing)"
-    if info.kind == "eagle3" and len(info.target_layers) != 3:
-        return f"an EAGLE-3 draft taps exactly 3 target layers, this one lists {list(info.target_layers)}"
+    if arch.n_taps is not None and len(info.target_layers) != arch.n_taps:
+        return f"{arch.title} taps exactly {arch.n_taps} target layers, this one lists {list(info.target_layers)}"
     n_layer, width = target.n_layer, target.n_embd
-    top = n_layer if target.arch in HEAD_TAP_ARCHS and info.kind == "dflash" else n_layer - 1
+    top = arch.top_tap(target)
     bad = [x for x in info.target_layers if not 0 <= x <= top]
     if bad:
         return (f"the draft taps target layer {bad[0]}, but the target has {n_layer} layers (valid: 0..{top}): "
                 "it was made for another (deeper) target")
-    expected = info.target_hidden_size if info.kind == "eagle3" else info.n_embd
+    expected = arch.target_width(info)
     if expected is not None and expected != width:
         return (f"the draft was made for a target of hidden size {expected}; this target's is {width}: "
                 "it was made for another target")
@@ -129,7 +166,7 @@ def hidden_pair_mismatch(target: ModelInfo, draft: ModelInfo) -> str | None:
         d2t = read_d2t(draft)
         if d2t.size and (d2t.min() < 0 or d2t.max() >= target.n_vocab):
             return f"its d2t map points outside the target's vocabulary of {target.n_vocab} tokens"
-    if info.kind == "dflash":
+    if arch.blocks:
         if info.block_size < 2:
             return f"dflash.block_size is {info.block_size}: a block must hold at least 2 tokens"
         if info.mask_token_id is None or not 0 <= info.mask_token_id < target.n_vocab:
@@ -144,8 +181,7 @@ def hidden_pair_fields(target: ModelInfo, draft: ModelInfo) -> list[tuple[str, s
     info = hidden_draft_info(draft)
     if info is None:
         return []
-    top = target.n_layer if (target.arch in HEAD_TAP_ARCHS and info.kind == "dflash") else target.n_layer - 1
-    width = info.target_hidden_size if info.kind == "eagle3" else info.n_embd
+    top, width = info.arch.top_tap(target), info.arch.target_width(info)
     return [
         (f"target arch ({info.kind} taps)", target.arch, info.kind, target.arch in TAP_ARCHS),
         ("tapped target layers", f"0..{top}", ",".join(map(str, info.target_layers)),
