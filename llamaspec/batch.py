@@ -84,6 +84,7 @@ class Slot:
     pieces: list[Piece] = field(default_factory=list)
     done: bool = True
     stats: GenerationStats | None = None
+    error: Exception | None = None   # why the slot's request failed (finish_reason "error"); None otherwise
     rows: modes.Rows = field(default_factory=modes.Rows)   # this step's target rows, as the slot's verifier reads them
 
     def start(self, prompt, common, max_tokens, sampling, shaper, stops, policy, verify) -> None:
@@ -93,7 +94,7 @@ class Slot:
         self.policy, self.hooks, self.verify = policy, Hooks(policy), verify
         self.history, self.todo, self.last = list(prompt[:common]), list(prompt[common:-1]), prompt[-1]
         self.decoder, self.matcher = codecs.getincrementaldecoder("utf-8")(errors="replace"), StopMatcher(stops)
-        self.pieces, self.done, self.n_out, self.tokens = [], False, 0, []
+        self.pieces, self.done, self.n_out, self.tokens, self.error = [], False, 0, [], None
         self.from_model = False   # this step's draft (or probe) came from the draft model
         self.together = False     # the batch policy chose this step's draft length (policy/batch.py)
         self.t_start = time.perf_counter()
@@ -263,7 +264,7 @@ class BatchEngine:
             self.policy.record_step(sum(len(r.tokens) for r in runs), t2 - t1, rounds, t1 - t0)
         for slot, slot_rows_ in zip(active, rows):
             slot.rows.rows = slot_rows_
-            self._accept(slot, drafts[slot.index], probes.get(slot.index), t1 - t0, t2 - t1)
+            self._accept_alone(slot, drafts[slot.index], probes.get(slot.index), t1 - t0, t2 - t1)
         if joining is not None and not joining.todo:
             joining.stats.time_prefill = time.perf_counter() - joining.t_start
         self.times.add(t1 - t0, t2 - t1, time.perf_counter() - t0)
@@ -311,6 +312,17 @@ class BatchEngine:
             found[s.index], s.from_model = draft, True
         rounds = max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts), default=0)
         return drafts, probes, 0 if behind else rounds   # (a probe's one token is not a round either)
+
+    def _accept_alone(self, slot: Slot, *args) -> None:
+        """_accept, where an error in this slot's own verification (a grammar that allows no token, a shaping
+        that fails) ends this slot's request only, kept in `slot.error`; the other slots' rows are untouched. Its
+        sequence is cleared: it may hold rows of a draft that was never accepted or rolled back."""
+        try:
+            self._accept(slot, *args)
+        except Exception as e:  # noqa: BLE001 - whatever it is, it is this request's
+            slot.seq.clear()
+            slot.error = e
+            self._finish(slot, "error")
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, verify_seconds: float):
         history, last, drafted = slot.history, slot.last, draft.tokens
@@ -390,6 +402,8 @@ def generate_batch(pair, prompts: Sequence[str | Sequence[int]], n_seq: int | No
             engine.step()
             for i, slot in list(running.items()):
                 texts[i] += [p.text for p in slot.pieces]
+                if slot.error is not None:
+                    raise slot.error
                 if slot.done:
                     results[i] = Completion("".join(texts[i]), list(slot.tokens), slot.stats.finish_reason,
                                             slot.stats)

@@ -15,6 +15,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from ..errors import LlamaspecError
 from ..kinds import KINDS
 from .apierror import APIError
 from .worker import _STOP, _WAKE, Job, Worker, reply_emitter
@@ -152,7 +153,12 @@ class SlotWorker(Worker):
             with self._lock:
                 self._running_jobs.pop(slot.index, None)
             self.metrics.record_generation(slot.stats)
-            job.emit("done", slot.stats)
+            if slot.error is None:
+                job.emit("done", slot.stats)
+                return
+            if not isinstance(slot.error, LlamaspecError):   # a bug: worth its traceback in the log
+                traceback.print_exception(slot.error, file=sys.stderr)
+            job.emit("error", slot.error)
 
     def _end_all(self, error: Exception | None = None) -> None:
         """Cut every running job (each ends with what it has, or with `error`); waiting ones were answered by

@@ -193,6 +193,10 @@ class Worker:
         except LlamaspecError as e:
             job.emit("error", e)
             return None
+        except Exception:  # noqa: BLE001 - a job that left the queue is always answered; the others go on
+            traceback.print_exc(file=sys.stderr)
+            job.emit("error", APIError(500, "internal error while preparing the request", kind="server_error"))
+            return None
         job.emit("start")
         return started
 
