@@ -60,6 +60,8 @@ class SlotWorker(Worker):
         self.parallel = parallel
         shrink_own_contexts(pair)   # first: the slots' shared caches are then the only full-size ones
         self.engine = pair.batch_engine(parallel, self.n_ctx)   # the pair's context size, shared by the slots
+        # a prompt is measured against the slot it will run in, before it is tokenized whole on this shared thread
+        self.tokenizer.n_ctx, self.tokenizer.holder = self.engine.n_ctx_seq, "a slot (n_ctx / --parallel)"
         self._running_jobs: dict[int, _Running] = {}          # slot index -> its job
         self._admissible: collections.deque[Job] = collections.deque()   # taken from the inbox, not yet in a slot
 
