@@ -31,15 +31,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def connection_cap() -> int:
-    """Open connections allowed: below the process's file-descriptor limit, with room for the models, logs and
-    the listening socket. Past the limit, accept() fails with EMFILE and no client at all gets in."""
+def connection_limits() -> tuple[int, int]:
+    """(open connections allowed, connections accepted per wake-up) below the process's file-descriptor limit:
+    past it, accept() fails with EMFILE and no client at all gets in. asyncio accepts up to a batch of
+    connections before any of them reaches the protocol (a few loop turns later), so the cap leaves room for
+    three batches beside the models, logs and the listening socket."""
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 16
-    return max(soft - max(64, soft // 8), 8)
+    soft = 1 << 16 if soft == resource.RLIM_INFINITY else soft
+    batch = max(min(soft // 16, 64), 1)
+    return max(soft - max(64, soft // 8) - 3 * batch, 8), batch
 
 
 _REFUSED_BODY = (b'{"error": {"message": "too many open connections", "type": "server_error", "param": null, '
@@ -164,10 +166,11 @@ def serve(app: Starlette, sock: socket.socket, shutdown_timeout: float = 10.0, a
             else:
                 super().handle_exit(sig, frame)
 
+    cap, batch = connection_limits()
     # uvicorn's own deadline is only a backstop: our cancellation ends requests cleanly before it
     config = uvicorn.Config(app, log_level="info" if access_log else "warning", access_log=access_log,
                             timeout_graceful_shutdown=shutdown_timeout + 5.0, lifespan="on",
-                            http=_protocol_with_header_timeout(service.config.read_timeout, connection_cap()))
+                            http=_protocol_with_header_timeout(service.config.read_timeout, cap), backlog=batch)
     logging.getLogger("asyncio").addFilter(OncePer("Too many open files"))
     # a third signal is uvicorn's force quit, which cancels the app's lifespan task: not an error worth a traceback
     logging.getLogger("uvicorn.error").addFilter(_no_cancelled_traceback)

@@ -148,6 +148,7 @@ class Extras:
     top_logprobs: int | None = None                 # None: no log-probabilities
     grammar: str | None = None                      # GBNF
     json_schema: dict | None = None                 # the schema the reply must satisfy (json_object: an object)
+    schema_param: str = "response_format"           # the field that gave it (json_schema or response_format)
     tools: list = field(default_factory=list)       # OpenAI function tools
     tool_choice: str | dict = "auto"                # auto, none, required, or {"type": "function", "function": ...}
 
@@ -305,6 +306,8 @@ def parse_extras(body: dict, chat: bool) -> Extras:
     extras.top_logprobs = _parse_logprobs(body, chat)
     extras.grammar = _optional(body, "grammar", lambda v: isinstance(v, str) and v.strip(), "GBNF text")
     extras.json_schema = _parse_response_format(body)
+    if body.get("json_schema") is not None:
+        extras.schema_param = "json_schema"
     if extras.grammar is not None and extras.json_schema is not None:
         raise invalid("grammar", "give either 'grammar' or a JSON 'response_format' / 'json_schema', not both")
     if chat:

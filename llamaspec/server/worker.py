@@ -265,7 +265,7 @@ def request_shaping(req: GenerationRequest, model, template: ChatTemplate | None
     x = req.extras
     gbnf, param = x.grammar, "grammar"
     if x.json_schema is not None:
-        gbnf, param = json_schema_gbnf(x.json_schema), "response_format"
+        gbnf, param = json_schema_gbnf(x.json_schema, x.schema_param), x.schema_param
     if req.chat and x.tool_choice not in ("auto", "none"):
         family = family_of(template.source if template is not None else "")
         gbnf, param = forced_call_gbnf(json_schema_gbnf(forced_call_schema(x.tools, x.tool_choice, family), "tools"),
