@@ -92,6 +92,8 @@ def test_long_runs_of_optional_items_are_refused_before_llama_cpp_sees_them(mode
     ({"type": "string", "pattern": "^a{100000000}$"}, "pattern"),
     ({"type": "string", "pattern": "^(ab){3,}x{2,100000}$"}, "pattern"),
     ({"type": "array", "items": {"type": "integer"}, "minItems": 5000}, "minItems"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": 2000} for i in range(20)}},
+     "add up to"),
 ])
 def test_schema_counts_beyond_the_bound_are_refused_before_conversion(schema, what):
     from llamaspec.backend.grammar import json_schema_gbnf

@@ -26,9 +26,9 @@ JSON_OBJECT_GBNF = __import__("llama_cpp.llama_grammar", fromlist=["JSON_GBNF"])
 
 
 # The most one row's mask may cost. llama.cpp checks a token against every parse of the grammar that its bytes
-# follow, and an ambiguous grammar has exponentially many (N segments of [a-z]*: a row took 19 s at N=15, minutes
-# at N=30, inside one call). The grammar's own JSON and tool grammars mask a row in milliseconds
-# (benchmarks/results/grammar-cost-bound.md), so a grammar past this budget is refused rather than waited for.
+# follow, and an ambiguous grammar has exponentially many (N segments of [a-z]*), all inside one call that cannot
+# be stopped. JSON and tool-call grammars mask a row in milliseconds, the ambiguous ones in seconds to minutes
+# (benchmarks/results/grammar-cost-bound.md): a grammar past this budget is refused rather than waited for.
 MASK_BUDGET_S = 0.5
 TRIAL_STEPS = 2             # states beyond the start that a new grammar is tried on
 _CHUNK = 2048               # tokens per llama.cpp call at most: between two calls the budget is checked
@@ -46,14 +46,15 @@ class GrammarCostError(InvalidParameterError):
 # cannot parse to stderr in full
 GRAMMAR_MAX_CHARS = 128 * 1024
 # a repetition count (x{n}, x{m,n}; minLength, maxItems, ...): llama-cpp-python's schema converter writes each
-# repetition out before llama.cpp sees it (minLength 100000000 took 39 s and 3.4 GB); llama.cpp's own parser
-# refuses counts past 2000 (MAX_REPETITION_THRESHOLD), so the converter gets the same limit
+# repetition out before llama.cpp sees it (minLength 100000000: tens of seconds and gigabytes); llama.cpp's own
+# parser refuses counts past 2000 (MAX_REPETITION_THRESHOLD), so the converter gets the same limit, and all the
+# counts of one schema together at most REPEAT_TOTAL_MAX (its output stays within GRAMMAR_MAX_CHARS' order)
 REPEAT_MAX = 2000
+REPEAT_TOTAL_MAX = 20000
 _REPEAT = re.compile(r"(?<!\\)\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 # optional items (x*, x?, x{0,n}) in a row: every one a place where a parse may stand, and llama.cpp checks a
-# token against each parse, each copied whole: 1,000 [a-z]* in a row cost 64 ms for one 1-byte token, 5,000 more
-# than 2 minutes for a 16-token chunk (the cost grows as the cube); the grammar's own JSON and tool grammars
-# have at most a handful
+# token against each parse, each copied whole, so the cost of one token grows as the cube of the run; JSON and
+# tool-call grammars have runs of 1 or 2
 OPTIONAL_RUN_MAX = 100
 _GBNF_TOKEN = re.compile(r'#[^\n]*|"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|::=|[A-Za-z0-9_-]+|\{[^}]*\}|\S')
 _ZERO_MIN = re.compile(r"\{\s*0\s*[,}]")
@@ -61,12 +62,16 @@ _SCHEMA_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperti
                   "minContains", "maxContains")
 
 
-def _check_repetitions(text: str, param: str, what: str) -> None:
+def _check_repetitions(text: str, param: str, what: str) -> int:
+    """The sum of the repetition counts in `text`; an error naming `param` for one beyond REPEAT_MAX."""
+    total = 0
     for found in _REPEAT.finditer(text):
         count = max(int(n) for n in found.groups() if n)
         if count > REPEAT_MAX:
             raise InvalidParameterError(f"'{param}': {what} repeats something {count} times ({found.group()[:40]}); "
                                         f"at most {REPEAT_MAX} are accepted", param=param)
+        total += count
+    return total
 
 
 def optional_run(gbnf: str) -> int:
@@ -88,21 +93,27 @@ def optional_run(gbnf: str) -> int:
 
 
 def _check_schema_counts(schema, param: str) -> None:
-    """Refuse counts (minLength, maxItems, a pattern's a{n}) beyond REPEAT_MAX anywhere in a schema."""
-    stack = [schema]
+    """Refuse counts (minLength, maxItems, a pattern's a{n}) beyond REPEAT_MAX anywhere in a schema, or beyond
+    REPEAT_TOTAL_MAX all together."""
+    stack, total = [schema], 0
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             for key in _SCHEMA_COUNTS:
                 count = item.get(key)
-                if isinstance(count, (int, float)) and not isinstance(count, bool) and count > REPEAT_MAX:
-                    raise InvalidParameterError(f"'{param}': the JSON schema's {key} is {count}; at most {REPEAT_MAX} "
-                                                "is accepted", param=param)
+                if isinstance(count, (int, float)) and not isinstance(count, bool) and count > 0:
+                    if count > REPEAT_MAX:
+                        raise InvalidParameterError(f"'{param}': the JSON schema's {key} is {count}; at most "
+                                                    f"{REPEAT_MAX} is accepted", param=param)
+                    total += count
             if isinstance(item.get("pattern"), str):
-                _check_repetitions(item["pattern"], param, "the JSON schema's pattern")
+                total += _check_repetitions(item["pattern"], param, "the JSON schema's pattern")
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
+    if total > REPEAT_TOTAL_MAX:
+        raise InvalidParameterError(f"'{param}': the JSON schema's counts (minLength, maxItems, a pattern's {{n}}, "
+                                    f"...) add up to {total:g}; at most {REPEAT_TOTAL_MAX} are accepted", param=param)
 
 
 _by_length: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -198,7 +209,7 @@ class Grammar(NativeHandle):
     def mask(self, row: np.ndarray, budget: float = MASK_BUDGET_S) -> None:
         """Set the logits of every token the grammar refuses here to -inf (in place; ids past n_vocab too). Tokens
         go to llama.cpp shortest first, a chunk per call; GrammarCostError once the cost so far plus the next
-        chunk's (predicted from the last: per token, times the growth from one length to the next) passes
+        chunk's (the costliest token so far, times its growth per byte up to the chunk's longest piece) passes
         `budget` seconds."""
         shared = self._shared
         cand, order, lengths = shared["all"], shared["order"], shared["lengths"]
