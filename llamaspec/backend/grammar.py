@@ -208,9 +208,9 @@ class Grammar(NativeHandle):
 
     def mask(self, row: np.ndarray, budget: float = MASK_BUDGET_S) -> None:
         """Set the logits of every token the grammar refuses here to -inf (in place; ids past n_vocab too). Tokens
-        go to llama.cpp shortest first, a chunk per call; GrammarCostError once the cost so far plus the next
-        chunk's (the costliest token so far, times its growth per byte up to the chunk's longest piece) passes
-        `budget` seconds."""
+        go to llama.cpp shortest first, a chunk per call, each chunk sized from the cost of the last (times its
+        growth per byte) to a quarter of the budget left; GrammarCostError once the row has cost more than
+        `budget` seconds. A stall of the process only makes the next chunk small."""
         shared = self._shared
         cand, order, lengths = shared["all"], shared["order"], shared["lengths"]
         if cand is None:
@@ -222,28 +222,31 @@ class Grammar(NativeHandle):
         item = ctypes.sizeof(llama_cpp.llama_token_data)
         base = cand.data.ctypes.data
         start_time = time.perf_counter()
-        worst, growth, longest = 0.0, 1.0, 0   # the costliest token so far (s), its growth per byte, longest piece
+        last, worst, longest = 0.0, 0.0, 0   # the last chunk's cost per token (s), the costliest, longest piece
         start, size = 0, _FIRST_CHUNK
         while start < self.n_vocab:
             end = min(start + size, self.n_vocab)
-            longer = min(int(lengths[end - 1]) - longest, _EXTRAPOLATE_BYTES)
-            spent = time.perf_counter() - start_time
-            if spent + worst * growth ** longer * (end - start) > budget:
-                raise GrammarCostError(
-                    f"'{shared['param']}' is too ambiguous for llama.cpp's grammar engine: masking one row would "
-                    f"cost more than {budget:g} s (a token of {longest} bytes took {worst * 1e6:.0f} us); make "
-                    "repeated parts unambiguous (a literal between them) or shorten it", param=shared["param"])
             part.data = ctypes.cast(base + start * item, ctypes.POINTER(llama_cpp.llama_token_data))
             part.size, part.selected, part.sorted = end - start, -1, False
             t0 = time.perf_counter()
             llama_cpp.llama_sampler_apply(self._ptr, part_ref)
             cost = (time.perf_counter() - t0) / (end - start)
-            if min(cost, worst) > _NOISE_S and int(lengths[end - 1]) > longest:
-                growth = max(growth, (cost / worst) ** (1 / (int(lengths[end - 1]) - longest)))
-            worst, longest, start = max(worst, cost), int(lengths[end - 1]), end
-            growth = max(growth, worst / _PARSE_S)   # before it is measured: each byte more may follow every parse
-            # the next chunk costs at most a quarter of what is left of the budget, as far as can be told
-            size = int(min(max((budget - spent) / 4 / max(worst * growth, 1e-9), 1), _CHUNK))
+            # growth per byte: as measured from the chunk before when both stand above the noise, and at least
+            # the parses this cost stands for (each byte more may follow every one of them)
+            growth = max(cost / _PARSE_S, 1.0)
+            if min(cost, last) > _NOISE_S and int(lengths[end - 1]) > longest:
+                growth = max(growth, (cost / last) ** (1 / (int(lengths[end - 1]) - longest)))
+            last, worst, longest, start = cost, max(worst, cost), int(lengths[end - 1]), end
+            spent = time.perf_counter() - start_time
+            if spent > budget and start < self.n_vocab:
+                raise GrammarCostError(
+                    f"'{shared['param']}' is too ambiguous for llama.cpp's grammar engine: masking one row costs "
+                    f"more than {budget:g} s (a token of {longest} bytes took {worst * 1e6:.0f} us); make repeated "
+                    "parts unambiguous (a literal between them) or shorten it", param=shared["param"])
+            # the next chunk: about a quarter of what is left of the budget, at the cost predicted for its pieces
+            ahead = last * growth ** min(int(lengths[min(start + _CHUNK, self.n_vocab) - 1]) - longest,
+                                         _EXTRAPOLATE_BYTES)
+            size = int(min(max((budget - spent) / 4 / max(ahead, 1e-9), 1), _CHUNK))
         row[order[np.isneginf(cand.data["logit"])]] = -np.inf
         row[self.n_vocab:] = -np.inf
 
