@@ -28,6 +28,11 @@ from .sampling import Dist, SamplerConfig, filter_logits
 from .verify import accept_rejection
 
 
+# the smallest repeat penalty: a logit divided by less could overflow float32 to inf (1e-300 did), which no
+# acceptance rule can use; llama.cpp's own range of use is about 1.0-1.5
+REPEAT_PENALTY_MIN = 0.01
+
+
 @dataclass(frozen=True)
 class Penalties:
     """llama.cpp's penalties sampler: over the last `last_n` tokens (prompt included, as llama-server does; -1:
@@ -40,13 +45,12 @@ class Penalties:
     last_n: int = 64
 
     def __post_init__(self):
-        for name, value, lo, hi in (("repeat_penalty", self.repeat, 0.0, 10.0),
+        for name, value, lo, hi in (("repeat_penalty", self.repeat, REPEAT_PENALTY_MIN, 10.0),
                                     ("frequency_penalty", self.frequency, -2.0, 2.0),
                                     ("presence_penalty", self.presence, -2.0, 2.0)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-                    or not lo <= value <= hi or (name == "repeat_penalty" and value == 0):
-                raise InvalidParameterError(f"{name} must be a number in {'(' if lo == 0 else '['}{lo:g}, {hi:g}], "
-                                            f"got {value!r}", param=name)
+                    or not lo <= value <= hi:
+                raise InvalidParameterError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}", param=name)
         if not isinstance(self.last_n, int) or isinstance(self.last_n, bool) or self.last_n < -1:
             raise InvalidParameterError(f"repeat_last_n must be an integer >= -1, got {self.last_n!r}",
                                         param="repeat_last_n")

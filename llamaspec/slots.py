@@ -535,7 +535,7 @@ class Engine:
             slot.stats.time_total = time.perf_counter() - slot.t_start
 
     def _fail(self, slot: Slot, error: Exception) -> None:
-        slot.error = error
+        slot.error, slot.stats.finish_reason = error, "error"
         slot.done, slot.todo = True, []
         try:
             self.target.fail(slot)

@@ -45,8 +45,7 @@ def check_answer(r, field: str) -> None:
         assert "\n" not in error["message"] and "Traceback" not in r.text
 
 
-def test_numeric_request_fields_get_an_answer_or_a_4xx(server):
-    rss_before = server.rss_kib()
+def fuzz_request_fields(server) -> None:
     with httpx.Client(timeout=60) as http:
         for field in REQUEST_FIELDS:
             for value in VALUES:
@@ -58,9 +57,78 @@ def test_numeric_request_fields_get_an_answer_or_a_4xx(server):
                         base = {**base, "stop": ["\n"]}   # in range but long: let the context end it
                     r = http.post(f"{server.url}{path}", content=body_with(field, value, base), headers=AUTH)
                     check_answer(r, field)
+
+
+def test_numeric_request_fields_get_an_answer_or_a_4xx(server):
+    rss_before = server.rss_kib()
+    fuzz_request_fields(server)
     assert server.proc.poll() is None
     assert server.rss_kib() - rss_before < RSS_GROWTH_LIMIT_KIB
     assert "Traceback" not in server.stderr()
+
+
+@pytest.fixture(scope="module")
+def parallel_server(tiny_models, tmp_path_factory):
+    s = start_server(tiny_models, tmp_path_factory.mktemp("fuzz-np") / "server.log", "--api-key", API_KEY,
+                     "-np", "4", "--max-queue", "8", "-fa", "off", n_ctx=1024)
+    yield s
+    s.stop()
+
+
+INNOCENT = [{"prompt": f"Innocent {i} writes:", "max_tokens": 48, "temperature": 0, "stream": True}
+            for i in range(2)]
+FUZZ_TIME_LIMIT_S = 300.0
+# what once ended every stream beside it (a grammar that allows no token, a logit made infinite), or held the worker
+# for minutes (an ambiguous grammar, a schema converter writing out 10^8 repetitions), or went unanswered
+HOSTILE = [("grammar", "root ::= [\\U0010FFFF-\\U00000000]"), ("repeat_penalty", 1e-300),
+           ("grammar", "root ::= " + " ".join(["[a-z]*"] * 30)), ("grammar", 'root ::= "\ud800"'),
+           ("json_schema", {"type": "string", "minLength": 100000000}), ("logit_bias", {"\u00b2": 1})]
+
+
+def test_fuzz_beside_innocent_streams_on_parallel_slots(parallel_server, tiny_models):
+    """The same fuzz against `serve --parallel 4` while two innocent streams run again and again beside it: every
+    fuzzed value is answered with a 2xx or a 4xx naming its field, and every innocent reply is the one the request
+    gets alone (greedy), however the fuzz lands in the slots next to it."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llamaspec import load_pair
+
+    with load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=1024, n_threads=1,
+                   flash_attn="off") as pair:
+        alone = [pair.generate(b["prompt"], max_tokens=b["max_tokens"]).text for b in INNOCENT]
+
+    done = threading.Event()
+
+    def innocent(i: int) -> list[str]:
+        replies = []
+        with httpx.Client(timeout=60) as http:
+            while not done.is_set():
+                r = http.post(f"{parallel_server.url}/v1/completions", json=INNOCENT[i], headers=AUTH)
+                assert r.status_code == 200, r.text
+                chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+                replies.append("".join(c["choices"][0]["text"] for c in chunks))
+        return replies
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(len(INNOCENT)) as pool:
+        running = [pool.submit(innocent, i) for i in range(len(INNOCENT))]
+        try:
+            fuzz_request_fields(parallel_server)
+            with httpx.Client(timeout=60) as http:
+                for field, value in HOSTILE:
+                    r = http.post(f"{parallel_server.url}/v1/completions", headers=AUTH,
+                                  content=json.dumps({"prompt": "hi", "max_tokens": 2, field: value}))
+                    check_answer(r, field)
+        finally:
+            done.set()
+        replies = [f.result(FUZZ_TIME_LIMIT_S) for f in running]
+    assert time.monotonic() - start < FUZZ_TIME_LIMIT_S
+    for i, got in enumerate(replies):
+        assert got and all(text == alone[i] for text in got), (i, len(got))
+    assert parallel_server.proc.poll() is None
+    assert "Traceback" not in parallel_server.stderr()
 
 
 def test_admin_settings_are_bounded(server):

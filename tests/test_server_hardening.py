@@ -373,3 +373,121 @@ def test_issue_flood_on_smollm2_does_not_hold_the_next_request(real_models, tmp_
         assert r.status_code == 200 and seconds < 3, seconds
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Keys, admin settings, penalties, connections, signals
+# ---------------------------------------------------------------------------------------------------------------
+def test_an_empty_api_key_is_refused_before_the_model_loads():
+    """`--api-key "$UNSET"` once enabled the admin routes with an empty key ('Authorization: Bearer ')."""
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+    from llamaspec.errors import InvalidParameterError
+    from llamaspec.server import ServerConfig
+
+    for flag in ("--api-key", "--admin-key"):
+        result = CliRunner().invoke(main, ["serve", "-m", "missing.gguf", flag, " "])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code != 0 and len(lines) == 1 and flag in lines[0] and "empty" in lines[0], result.output
+    with pytest.raises(InvalidParameterError, match="--api-key is empty"):
+        ServerConfig(model_id="m", api_key="")
+
+
+def test_admin_refuses_draft_min_above_draft_max_and_a_null_policy(tiny_models):
+    from starlette.testclient import TestClient
+
+    from llamaspec import load_pair
+    from llamaspec.server import ServerConfig, create_app
+
+    with load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), n_ctx=256, n_threads=1,
+                   policy="threshold", draft_max=6) as pair:
+        app = create_app(pair, ServerConfig(model_id="tiny", admin_key="adm"))
+        with TestClient(app, base_url="http://localhost") as client:
+            auth = {"Authorization": "Bearer adm"}
+            assert_openai_error(client.patch("/admin/config", headers=auth, json={"draft_min": 8}), 400,
+                                param="draft_min")
+            assert_openai_error(client.patch("/admin/config", headers=auth, json={"draft_max": 2, "draft_min": 3}),
+                                400, param="draft_min")
+            assert_openai_error(client.patch("/admin/config", headers=auth, json={"policy": None}), 400,
+                                param="policy")
+            settings = client.get("/admin/config", headers=auth).json()["settings"]
+            assert settings["policy"] == "threshold" and settings["draft_max"] == 6   # nothing changed
+
+
+def test_a_repeat_penalty_that_would_make_a_logit_infinite_is_refused_by_name():
+    from llamaspec.errors import InvalidParameterError
+    from llamaspec.server.apierror import APIError
+    from llamaspec.server.validation import parse_completion
+    from llamaspec.shaping import Penalties
+
+    with pytest.raises(APIError) as caught:
+        parse_completion({"prompt": "x", "repeat_penalty": 1e-300})
+    assert caught.value.param == "repeat_penalty"
+    with pytest.raises(InvalidParameterError, match="repeat_penalty"):
+        Penalties(repeat=1e-300)
+    assert parse_completion({"prompt": "x", "repeat_penalty": 0.5}).extras.penalties == {"repeat": 0.5}
+
+
+def test_half_sent_headers_past_the_descriptor_limit_do_not_lock_out_the_next_client(tiny_models, tmp_path):
+    """Under `ulimit -n 256`, 400 connections that never finish their headers: the oldest stalled ones are closed
+    as new ones come (the cap stays below the limit), so accept() never fails, the log stays quiet, and an innocent
+    request is answered at once. Before, they locked every client out until the header deadline and flooded the
+    log with 'Too many open files' tracebacks."""
+    import resource
+
+    import test_server
+
+    limit = 256
+    real_one_cpu = test_server._one_cpu
+
+    def low_limit():
+        real_one_cpu()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    test_server._one_cpu = low_limit
+    try:
+        srv = start_server(tiny_models, tmp_path / "server.log", "--read-timeout", "30", n_ctx=256)
+    finally:
+        test_server._one_cpu = real_one_cpu
+    stalled = []
+    try:
+        for _ in range(400):
+            try:
+                sock = _connect(srv.url)
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                stalled.append(sock)
+            except OSError:
+                break
+        start = time.monotonic()
+        r = post(srv.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 0}, timeout=10)
+        assert r.status_code == 200 and time.monotonic() - start < 5
+        assert srv.proc.poll() is None
+    finally:
+        for sock in stalled:
+            sock.close()
+        srv.stop()
+    log = srv.stderr()
+    assert "Too many open files" not in log and "Traceback" not in log and len(log) < 20_000
+
+
+def test_a_third_ctrl_c_ends_serve_without_a_traceback(tiny_models, tmp_path):
+    import signal
+
+    from test_server import OpenStream
+
+    srv = start_server(tiny_models, tmp_path / "server.log", "-np", "2", n_ctx=1024)
+    try:
+        streams = [OpenStream(srv.url, {"prompt": "Go on", "max_tokens": 100000, "temperature": 0, "stream": True})
+                   for _ in range(2)]
+        for _ in range(3):
+            srv.proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        assert srv.proc.wait(20) == 0
+        for s in streams:
+            s.close()
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    log = srv.stderr()
+    assert "stopped" in log and "Traceback" not in log and "CancelledError" not in log

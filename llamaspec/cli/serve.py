@@ -49,8 +49,10 @@ def serve(**opts):
     try:
         from ..server import ServerConfig, bind, create_app
         from ..server import serve as run_server
+        from ..server.app import check_keys
     except ImportError as e:
         fail(f"the server needs extra packages ({e.name} is missing): pip install 'llamaspec[server]'")
+    check_keys(opts["api_key"], opts["admin_key"])   # before the model loads
     if opts["host"] not in ("127.0.0.1", "localhost", "::1") and not opts["api_key"]:
         click.echo(f"warning: listening on {opts['host']} without --api-key: anyone who can reach this machine "
                    "can use the model", err=True)

@@ -55,6 +55,17 @@ class ServerConfig:
     reasoning: str = "auto"           # thinking on/off for every chat request (enable_thinking); auto: the template's;
                                       # a request's chat_template_kwargs.enable_thinking overrides it
 
+    def __post_init__(self):
+        check_keys(self.api_key, self.admin_key)
+
+
+def check_keys(api_key: str | None, admin_key: str | None) -> None:
+    """Refuse an empty key (a script passing an unset variable): it would open admin routes to 'Bearer '."""
+    for flag, key in (("--api-key", api_key), ("--admin-key", admin_key)):
+        if key is not None and not key.strip():
+            raise InvalidParameterError(f"{flag} is empty; give a key, or leave the option out for no key",
+                                        param=flag.lstrip("-").replace("-", "_"))
+
 
 _POLICY_PARAMS = {"policy": "policy", "k": "draft_max", "k_max": "draft_max", "k_min": "draft_min",
                   "p_min": "draft_p_min", "draft_max": "draft_max", "draft_min": "draft_min"}   # -> the admin API's

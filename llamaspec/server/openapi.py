@@ -9,6 +9,7 @@ from __future__ import annotations
 from .. import __version__
 from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
+from ..shaping import REPEAT_PENALTY_MIN
 from .tools import MAX_TOOLS
 from .validation import MAX_MESSAGES, MAX_STOP, MAX_TOP_LOGPROBS
 
@@ -54,7 +55,7 @@ _SAMPLING = {
     "stream_options": _nullable({"type": "object", "properties": {
         "include_usage": _nullable({"type": "boolean"})}}),
     # penalties, applied to the target's rows exactly under speculation (llama.cpp's penalties sampler)
-    "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 10}),
+    "repeat_penalty": _nullable({"type": "number", "minimum": REPEAT_PENALTY_MIN, "maximum": 10}),
     "repeat_last_n": _nullable({"type": "integer", "minimum": -1, "description": "-1: the whole context."}),
     "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
     "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),

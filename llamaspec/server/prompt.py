@@ -72,6 +72,7 @@ class PromptTokenizer:
 
     def __init__(self, model, n_ctx: int):
         self.model, self.n_ctx = model, n_ctx
+        self.holder = "the context"   # what n_ctx is, for the error ("a slot" when requests share the context)
         self._special: dict[str, object] = {}
         for token in model.special_tokens():
             try:
@@ -175,7 +176,7 @@ class PromptTokenizer:
 
     def _overflow(self, n_tokens: int):
         raise ContextOverflowError(
-            f"the prompt is at least {n_tokens} tokens but the context holds {self.n_ctx}; "
+            f"the prompt is at least {n_tokens} tokens but {self.holder} holds {self.n_ctx}; "
             "shorten the prompt or raise the context size (-c / n_ctx)")
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ..bounds import BOUNDS
 from ..config import POLICY_NAMES
 from ..sampling import OPENAI, SAMPLER_ORDERS
+from ..shaping import REPEAT_PENALTY_MIN
 from .apierror import invalid
 from .tools import parse_tool_choice, parse_tools, tool_fields
 
@@ -75,6 +76,24 @@ def check_text(param: str, text: str, message_text: bool = False) -> str:
     return text
 
 
+def refuse_lone_surrogates(value, param: str = "") -> None:
+    """A 400 naming where a lone surrogate lies in a JSON value (its strings and object keys): such text cannot be
+    encoded for the tokenizer, a grammar or a chat template. One C-speed pass when there is none (nearly always)."""
+    if not _SURROGATE.search(json.dumps(value, ensure_ascii=False)):
+        return
+    stack = [(value, param)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            check_text(where, item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                check_text(where or "body", key)   # the key itself cannot be shown as a field name
+                stack.append((inner, f"{where}.{key[:60]}" if where else key[:60]))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{where}[{i}]") for i, inner in enumerate(item))
+
+
 def _optional(body: dict, name: str, check: Callable[[Any], bool], expected: str, default=None):
     value = body.get(name)
     if value is None:
@@ -129,6 +148,7 @@ class Extras:
     top_logprobs: int | None = None                 # None: no log-probabilities
     grammar: str | None = None                      # GBNF
     json_schema: dict | None = None                 # the schema the reply must satisfy (json_object: an object)
+    schema_param: str = "response_format"           # the field that gave it (json_schema or response_format)
     tools: list = field(default_factory=list)       # OpenAI function tools
     tool_choice: str | dict = "auto"                # auto, none, required, or {"type": "function", "function": ...}
 
@@ -203,9 +223,13 @@ def parse_chat(body: dict) -> GenerationRequest:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise invalid(f"messages[{i}]", "each message must be an object with a string 'role'")
         role = check_text(f"messages[{i}].role", m["role"], message_text=True)
-        plain.append({"role": role, "content": _message_text(i, m.get("content")), **tool_fields(i, m)})
-    return dataclasses.replace(_parse_common(body, plain, "messages"),
-                               template_vars=parse_template_kwargs(body.get("chat_template_kwargs")))
+        tools = tool_fields(i, m)
+        refuse_lone_surrogates(tools, f"messages[{i}]")   # arguments decoded from their JSON string too
+        plain.append({"role": role, "content": _message_text(i, m.get("content")), **tools})
+    req = dataclasses.replace(_parse_common(body, plain, "messages"),
+                              template_vars=parse_template_kwargs(body.get("chat_template_kwargs")))
+    refuse_lone_surrogates(body)   # wherever else text enters: tools, grammar, schema, logit_bias keys
+    return req
 
 
 def parse_template_kwargs(value) -> dict:
@@ -230,12 +254,15 @@ def parse_completion(body: dict) -> GenerationRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
-        return _parse_common(body, [int(t) for t in prompt], "prompt")
-    if not isinstance(prompt, str) or not prompt:
+        req = _parse_common(body, [int(t) for t in prompt], "prompt")
+    elif not isinstance(prompt, str) or not prompt:
         code = "missing_required_parameter" if prompt is None else "invalid_type"
         raise invalid("prompt", "'prompt' must be a non-empty string (or a list of token ids); batches of several "
                                 "prompts are not supported", code=code)
-    return _parse_common(body, check_text("prompt", prompt), "prompt")
+    else:
+        req = _parse_common(body, check_text("prompt", prompt), "prompt")
+    refuse_lone_surrogates(body)
+    return req
 
 
 def parse_policy_update(body: dict, current: dict, n_batch: int | None = None) -> dict:
@@ -244,18 +271,25 @@ def parse_policy_update(body: dict, current: dict, n_batch: int | None = None) -
     unknown = sorted(set(body) - set(POLICY_FIELDS))
     if unknown:
         raise invalid(unknown[0], f"unknown setting '{unknown[0]}'; settable: {', '.join(POLICY_FIELDS)}")
-    _optional(body, "policy", lambda v: v in POLICY_NAMES, f"one of {', '.join(POLICY_NAMES)}")
+    if "policy" in body and body["policy"] not in POLICY_NAMES:   # null too: it would silently mean "auto"
+        raise invalid("policy", f"'policy' must be one of {', '.join(POLICY_NAMES)}, got {_shown(body['policy'])}")
     known = {"n_batch": n_batch} if n_batch else None
     for name in ("draft_max", "draft_min", "draft_p_min"):
         _bounded(body, name, known=known)
-    return {**current, **body}
+    merged = {**current, **body}
+    low, high = merged.get("draft_min"), merged.get("draft_max")
+    if low is not None and high is not None and low > high:
+        name = "draft_min" if "draft_min" in body else "draft_max"
+        raise invalid(name, f"'draft_min' ({low}) must not exceed 'draft_max' ({high})")
+    return merged
 
 
 def parse_extras(body: dict, chat: bool) -> Extras:
     """Penalties, logit bias, log-probabilities, grammar / JSON output and tools, each checked for type and range."""
     extras = Extras()
     for name, key, check, expected in (
-            ("repeat_penalty", "repeat", lambda v: is_number(v) and 0 < v <= 10, "a number in (0, 10]"),
+            ("repeat_penalty", "repeat", lambda v: is_number(v) and REPEAT_PENALTY_MIN <= v <= 10,
+             f"a number in [{REPEAT_PENALTY_MIN:g}, 10]"),
             ("frequency_penalty", "frequency", lambda v: is_number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
             ("presence_penalty", "presence", lambda v: is_number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
             ("repeat_last_n", "last_n", lambda v: is_int(v) and v >= -1, "an integer >= -1 (-1: the whole context)")):
@@ -265,13 +299,15 @@ def parse_extras(body: dict, chat: bool) -> Extras:
     bias = _optional(body, "logit_bias", lambda v: isinstance(v, dict) and len(v) <= 1024,
                      "an object of at most 1024 token ids to numbers", {})
     for key, value in bias.items():
-        if not (key.isdigit() and len(key) < 10 and is_number(value) and -100 <= value <= 100):
+        if not (key.isascii() and key.isdigit() and len(key) < 10 and is_number(value) and -100 <= value <= 100):
             raise invalid("logit_bias", f"'logit_bias' maps token ids to numbers in [-100, 100]; got "
                                         f"{_shown(key)}: {_shown(value)}")
         extras.logit_bias[int(key)] = float(value)
     extras.top_logprobs = _parse_logprobs(body, chat)
     extras.grammar = _optional(body, "grammar", lambda v: isinstance(v, str) and v.strip(), "GBNF text")
     extras.json_schema = _parse_response_format(body)
+    if body.get("json_schema") is not None:
+        extras.schema_param = "json_schema"
     if extras.grammar is not None and extras.json_schema is not None:
         raise invalid("grammar", "give either 'grammar' or a JSON 'response_format' / 'json_schema', not both")
     if chat:

@@ -87,7 +87,10 @@ class Worker:
         if self.parallel > 1:
             shrink_own_contexts(pair)   # first: the slots' shared caches are then the only full-size ones
         self.engine = pair.engine(self.parallel, self.n_ctx)
-        self.tokenizer = PromptTokenizer(pair.target, self.n_ctx)
+        # a prompt is measured against the slot it will run in, before it is tokenized whole on this shared thread
+        self.tokenizer = PromptTokenizer(pair.target, self.engine.n_ctx_seq)
+        if self.parallel > 1:
+            self.tokenizer.holder = "a slot (n_ctx / --parallel)"
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._queued: dict[int, Job] = {}
@@ -328,7 +331,7 @@ def request_shaping(req: GenerationRequest, model, template: ChatTemplate | None
     x = req.extras
     gbnf, param = x.grammar, "grammar"
     if x.json_schema is not None:
-        gbnf, param = json_schema_gbnf(x.json_schema), "response_format"
+        gbnf, param = json_schema_gbnf(x.json_schema, x.schema_param), x.schema_param
     if req.chat and x.tool_choice not in ("auto", "none"):
         family = family_of(template.source if template is not None else "")
         gbnf, param = forced_call_gbnf(json_schema_gbnf(forced_call_schema(x.tools, x.tool_choice, family), "tools"),
