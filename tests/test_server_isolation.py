@@ -139,7 +139,6 @@ def test_every_job_that_leaves_the_queue_is_answered_even_when_its_set_up_fails(
     from llamaspec import load_pair
     from llamaspec.server import worker as worker_module
     from llamaspec.server.metrics import ServerMetrics
-    from llamaspec.server.slots import SlotWorker
     from llamaspec.server.validation import parse_completion
 
     real_shaping = worker_module.request_shaping
@@ -152,7 +151,7 @@ def test_every_job_that_leaves_the_queue_is_answered_even_when_its_set_up_fails(
     monkeypatch.setattr(worker_module, "request_shaping", shaping)
 
     async def run(pair) -> tuple[list, list]:
-        worker = SlotWorker(pair, ServerMetrics(lambda: {}, lambda: (0, 0)), max_queue=2, parallel=2)
+        worker = worker_module.Worker(pair, ServerMetrics(lambda: {}, lambda: (0, 0)), max_queue=2, parallel=2)
         worker.start()
         try:
             loop = asyncio.get_running_loop()

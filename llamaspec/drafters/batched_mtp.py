@@ -13,7 +13,7 @@ each following its own sequence as drafters/mtp.py follows one.
 The drafted tokens are the head's argmax (greedy) or draws from its filtered rows with the sequence's own generator;
 those rows are the q the target's rejection sampling reads.
 
-Knows nothing about llama.cpp (the head context decodes), acceptance rules or policies; BatchEngine hands it
+Knows nothing about llama.cpp (the head context decodes), acceptance rules or policies; the engine (slots.py) hands it
 DraftJobs as it does for a draft model.
 """
 from __future__ import annotations
