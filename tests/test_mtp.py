@@ -119,7 +119,10 @@ def assert_head_cache_is_the_one_pass_cache(pair):
     head.decode([token], h_last, output="logits")
     got = head.last_logits().copy()
     head.keep(len(history))
-    assert np.abs(got - expected).max() <= tolerance
+    # A memory restored from a checkpoint replays tokens in batches of its own: on some CPUs those round 10-20 times
+    # the split noise above (qwen3next: 5.5e-4 against 4e-5) while one wrong entry moves the logits by ~0.6; the
+    # bound stays two orders of magnitude under a wrong entry.
+    assert np.abs(got - expected).max() <= max(tolerance, wrong / 100)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
