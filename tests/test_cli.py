@@ -335,7 +335,7 @@ def prompt_file(tmp_path):
 
 def test_bench_json_schema(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "8",
-                     "--k", "1,3", "--policies", "auto,threshold", "--json"])
+                     "--k", "1,3", "--policies", "auto,threshold", "--json", "--repeats", "2"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {"command", "target", "draft", "hardware", "prompts", "n_prompts", "max_tokens", "sampler",
@@ -350,7 +350,8 @@ def test_bench_json_schema(tiny_models, prompt_file):
     for r in data["results"]:
         for name, kind in fields.items():
             assert isinstance(r[name], kind), (r["mode"], name)
-        assert r["prompts"] == 2 and r["tokens"] == 16
+        assert r["prompts"] == 2 and r["repeats"] == 2 and r["tokens"] == 2 * 16
+        assert len(r["repeat_tokens_per_second"]) == 2 and r["tokens_per_second_min"] <= r["tokens_per_second_max"]
         assert r["same_output"] == 2           # greedy speculation is lossless
     plain, k1, k3 = data["results"][:3]
     assert plain["speedup"] == 1.0 and plain["drafted"] == 0 and plain["acceptance_rate"] is None
@@ -373,7 +374,7 @@ def test_bench_table_shows_command_models_hardware_and_every_mode(tiny_models, p
 
 def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models), "--prompts", prompt_file, "-n", "4", "--k", "2", "--csv",
-                     "--no-warmup"])
+                     "--no-warmup", "--repeats", "1"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("mode,policy,draft_len") and len(lines) == 3
@@ -382,7 +383,7 @@ def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
 
 def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_models, prompt_file):
     args = ["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "6", "--k", "2",
-            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup"]
+            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup", "--repeats", "1"]
     result = invoke(args + ["--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -391,6 +392,7 @@ def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_mode
         (t, m) for t in (0.0, 0.8, 1.5) for m in ("plain", "k=2")]
     for r in data["results"]:
         assert r["tokens"] == 12 and (r["same_output"] is None) == (r["temperature"] > 0)
+        assert r["verdict"] is None   # one repeat measures no noise
         if r["mode"] == "plain":
             assert r["speedup"] == 1.0  # against plain decoding at the same temperature
     table = invoke(args)
