@@ -487,6 +487,11 @@ def test_check_missing_model_is_one_line_error(tmp_path):
     assert_one_line_error(invoke(["check", tmp_path / "missing.gguf"]), "missing.gguf", code=1)
 
 
+def test_check_user_pair_naming_a_missing_file_is_one_line_error(tiny_models, tmp_path, monkeypatch):
+    _user_pair({**tiny_models, "draft": tmp_path / "gone.gguf"}, tmp_path, monkeypatch)
+    assert_one_line_error(invoke(["check", "--pair", "mine"]), "gone.gguf: no such model file", code=1)
+
+
 @pytest.mark.parametrize("vram", ["nan", "inf", "-inf", "1e400"])
 def test_check_vram_that_is_not_a_finite_number_is_one_line_usage_error(tiny_models, vram):
     assert_one_line_error(invoke(["check", tiny_models["target"], "--vram", vram]), "--vram", code=2)

@@ -23,7 +23,10 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 def read_header(ref) -> ModelInfo:
     """The header of a ModelRef's file: from the local copy when there is one, else read remotely."""
     from ..gguf.reader import read_model_info
+    from .download import _existing_local
 
+    if ref.is_local:   # a models.toml `path`: there is nothing to read remotely
+        return read_model_info(_existing_local(ref))
     local = cached_path(ref)
     if local is not None:
         return read_model_info(local)
