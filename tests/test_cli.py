@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -481,6 +482,38 @@ def test_check_small_gpu_lists_options_that_fit(tiny_models):
                      "-fa", "off"])
     assert result.exit_code == 0, result.output
     assert "does not fit" in result.stdout and "fits with -c " in result.stdout
+
+
+def test_check_takes_the_models_as_m_and_md_too(tiny_models):
+    positional = invoke(["check", tiny_models["target"], tiny_models["draft"], "--vram", "24"])
+    flags = invoke(["check", "-m", tiny_models["target"], "-md", tiny_models["draft"], "--vram", "24"])
+    assert flags.exit_code == 0, flags.output
+    assert flags.stdout == positional.stdout and "=> compatible" in flags.stdout
+    assert_one_line_error(invoke(["check", tiny_models["target"], "-m", tiny_models["draft"]]), "-m/-md", code=2)
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("total, available, verdict", [
+    (64 * GiB, 32 * GiB, "=> runs on the CPU; needs {} of RAM, this machine has 64.00 GiB (32.00 GiB available now)"),
+    (GiB // 4, GiB // 8, "=> does not fit: needs {} of RAM, this machine has 256 MiB (128 MiB available now)")])
+def test_check_without_a_gpu_plans_for_this_machines_ram(tiny_models, monkeypatch, total, available, verdict):
+    monkeypatch.setattr(sysinfo, "nvidia_gpus", lambda *a, **k: [])
+    monkeypatch.setattr(sysinfo, "total_ram_bytes", lambda: total)
+    monkeypatch.setattr(sysinfo, "available_ram_bytes", lambda: available)
+    result = invoke(["check", "-m", tiny_models["target"], "-md", tiny_models["draft"]])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "no GPU found: runs on the CPU" in out
+    assert "24" not in out.split("Memory plan")[1] and "offloaded" not in out   # no GPU assumed
+    need = re.search(r"needs (\S+ \S+) of RAM", out)[1]
+    assert verdict.format(need) in out
+
+
+def test_check_help_explains_every_option():
+    cmd = main.commands["check"]
+    assert [p.name for p in cmd.params if isinstance(p, click.Option) and not p.help and not p.hidden] == []
 
 
 def test_check_missing_model_is_one_line_error(tmp_path):
