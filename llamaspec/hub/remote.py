@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import RegistryError
 from ..gguf.reader import HeaderIncomplete, ModelInfo, parse_header
-from .download import _hub_errors, cached_path, hub_endpoint, hub_offline
+from .download import _hub_errors, cached_path, check_reachable, hub_endpoint, hub_offline
 
 FIRST_READ = 2**20
 TIMEOUT_S = 60
@@ -40,6 +40,7 @@ def read_remote_header(ref) -> ModelInfo:
     """Parse the GGUF header of `ref` (a repo + file) from byte ranges of its resolve URL."""
     from huggingface_hub import hf_hub_url
 
+    check_reachable(f"read the header of {ref.file} from {ref.repo}")
     url = hf_hub_url(ref.repo, ref.file, revision=ref.revision, endpoint=hub_endpoint())
     label = Path(ref.repo) / ref.file
     with _hub_errors(ref):
