@@ -100,6 +100,7 @@ class ScriptedChatPair:
     def __init__(self, policy, drafted: int = 0):
         self.target = SimpleNamespace(info=SimpleNamespace(chat_template="{% for m in messages %}{{ m.content }}"
                                                            "{% endfor %}", tokens=(), bos_id=None, eos_id=None))
+        self.target_ctx = SimpleNamespace(on_decode=None)   # chat follows its decodes for the prefill line
         self.policy, self.speculative, self.n_ctx = policy, True, 512
         self.drafted, self.last_stats = drafted, None
 

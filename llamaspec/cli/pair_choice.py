@@ -223,6 +223,7 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
     from ..loading import load_pair
     from .loadline import load_line
 
+    template = read_chat_template(opts.get("chat_template_file"))   # a bad file fails before the long load
     target, draft, defaults = resolve_model_paths(opts, use_default_pair)
     n_gpu_layers = opts["n_gpu_layers"]
     warn_before_load(target, draft, n_gpu_layers, opts.get("draft_n_gpu_layers"))
@@ -236,17 +237,40 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
                                      param_hint="--tensor-split")
     config = LoadConfig().replace(**defaults).replace(
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"), n_ctx=opts.get("n_ctx"),
-        n_batch=opts["n_batch"], n_threads=opts.get("n_threads"), draft_n_threads=opts.get("draft_n_threads"),
+        n_batch=opts["n_batch"], n_ubatch=opts.get("n_ubatch"), n_threads=opts.get("n_threads"),
+        draft_n_threads=opts.get("draft_n_threads"),
         flash_attn=opts["flash_attn"], cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"],
         main_gpu=opts["main_gpu"], draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"],
         tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
         draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
+        use_mmap=False if opts.get("no_mmap") else None, use_mlock=True if opts.get("mlock") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     line = load_line(log_loads)
     # a Ctrl-C / SIGTERM anywhere in the load is a flag llama.cpp's callbacks read, raised once load_pair returns:
     # arriving while llama.cpp calls back into Python (its log, while devices are listed), it would be lost
     with watch_loads(line) if line is not None else contextlib.nullcontext(), interrupt.signals_stop():
-        return load_pair(target, draft, config=config)
+        pair = load_pair(target, draft, config=config)
+    if template is not None:   # every prompt of this pair (run, chat, the server) is rendered with it
+        pair.target.info.metadata["tokenizer.chat_template"] = template.source
+    return pair
+
+
+def read_chat_template(path: str | None):
+    """--chat-template-file as a ChatTemplate (checked: UTF-8, a Jinja template that compiles), or None."""
+    if path is None:
+        return None
+    from ..chat_template import ChatTemplate, ChatTemplateError
+    from ..errors import PromptFileError
+    from .options import decode_utf8
+
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read the chat template ({e.strerror or e})") from None
+    try:
+        return ChatTemplate(decode_utf8(data, path))
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"{path}: {e}") from None
 
 
