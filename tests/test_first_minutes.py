@@ -193,3 +193,10 @@ def test_download_prompt_defaults_to_yes_when_the_pair_fits(tmp_path, monkeypatc
     result = invoke("chat", "--pair", "big", input="n\n")   # said no: nothing is downloaded
     assert "with 22.9 GiB free." in result.stderr and "Download now? [Y/n]" in result.stderr
     assert "On the CPU" not in result.stderr and "error: download declined" in result.stderr
+
+
+def test_serve_parallel_help_says_what_the_readme_says_it_batches():
+    text = " ".join(invoke("serve", "--help").output.split())
+    for claim in ("Attention and hybrid targets", "the MTP head", "EAGLE-3 / DFlash drafters",
+                  "one request at a time"):
+        assert claim in text, claim
