@@ -43,9 +43,9 @@ class ScriptedPair:
             raise KeyboardInterrupt
         seconds = self.clock(mode, len(self.calls))
         self.calls.append((mode, tuple(prompt)))
-        passes = TOKENS if mode == "plain" else TOKENS // 2
-        stats = GenerationStats(tokens_generated=TOKENS, target_passes=passes, time_total=seconds,
-                                drafted=0 if mode == "plain" else TOKENS, accepted=0 if mode == "plain" else TOKENS // 2)
+        plain = mode == "plain"
+        stats = GenerationStats(tokens_generated=TOKENS, target_passes=TOKENS if plain else TOKENS // 2,
+                                time_total=seconds, drafted=0 if plain else TOKENS, accepted=0 if plain else TOKENS // 2)
         return Completion("same text", [], "length", stats)
 
 
@@ -99,7 +99,8 @@ def test_a_speedup_beyond_the_noise_is_a_win_and_the_sentence_names_it():
     assert by_mode["k=1"].verdict == "faster"
     verdict = report.verdicts()[0]
     assert verdict.pays and verdict.best.mode == "k=4" and verdict.auto_matches_best
-    assert bench_cli.verdict_sentence(verdict) == "on this machine speculation pays: 1.39x with k=4; auto picks it (1.38x)"
+    assert bench_cli.verdict_sentence(verdict) == ("on this machine speculation pays: 1.39x with k=4; auto picks it "
+                                                   "(1.38x)")
 
 
 def test_auto_far_behind_the_best_length_says_how_to_fix_it():

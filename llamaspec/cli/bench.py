@@ -209,8 +209,8 @@ def print_report(header: dict, report, n_prompts: int) -> None:
     click.echo()
     noise = [v.noise for v in report.verdicts() if v.noise is not None]
     if noise:
-        click.echo(f"tok/s is the median over {report.results[0].repeats} repeats, min-max its range; a mode is "
-                   f"faster or slower than plain only beyond the noise (plain's own spread, here {max(noise):.0%}, "
-                   f"at least {MIN_NOISE:.0%}) in every repeat")
+        click.echo(f"tok/s: the median over {report.results[0].repeats} repeats, min-max its range. A mode is faster "
+                   "or slower than plain\nonly beyond the noise (plain's own spread over the repeats, here "
+                   f"{max(noise):.0%}, at least {MIN_NOISE:.0%}) in every repeat.")
     for line in verdict_lines(report):
         click.echo(line)
