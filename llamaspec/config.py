@@ -33,11 +33,13 @@ class ModelConfig:
     tensor_split: tuple[float, ...] | None = None
     devices: tuple[str, ...] | None = None   # offload only to these ("CUDA1", "RPC0"); () = none; None = all
     rpc_servers: str | None = None           # "host:port,..." for llama.cpp's RPC backend
-    use_mmap: bool = True
+    use_mmap: bool = True                    # False: read the weights into memory (llama.cpp's --no-mmap)
+    use_mlock: bool = False                  # keep the weights in RAM, never swapped out (llama.cpp's --mlock)
     no_repack: bool = False                  # True turns off llama.cpp's CPU weight repacking
     # context (llama.cpp's context parameters)
     n_ctx: int = DEFAULT_N_CTX
     n_batch: int = 512
+    n_ubatch: int | None = None              # tokens per physical batch (llama.cpp's -ub); None: n_batch
     n_threads: int | None = None             # None: physical cores
     flash_attn: str = "auto"                 # one of FLASH_ATTN_MODES
     cache_type_k: str = "f16"                # one of CACHE_TYPES
@@ -56,6 +58,8 @@ class ModelConfig:
             bounds.check(name, getattr(self, name))
         if self.n_threads is not None:
             bounds.check("n_threads", self.n_threads)
+        if self.n_ubatch is not None:
+            bounds.check("n_batch", self.n_ubatch, param="n_ubatch")
         if self.tensor_split is not None:
             object.__setattr__(self, "tensor_split", bounds.check_tensor_split(self.tensor_split))
         if self.devices is not None and not isinstance(self.devices, tuple):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -335,7 +336,7 @@ def prompt_file(tmp_path):
 
 def test_bench_json_schema(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "8",
-                     "--k", "1,3", "--policies", "auto,threshold", "--json"])
+                     "--k", "1,3", "--policies", "auto,threshold", "--json", "--repeats", "2"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert {"command", "target", "draft", "hardware", "prompts", "n_prompts", "max_tokens", "sampler",
@@ -350,7 +351,8 @@ def test_bench_json_schema(tiny_models, prompt_file):
     for r in data["results"]:
         for name, kind in fields.items():
             assert isinstance(r[name], kind), (r["mode"], name)
-        assert r["prompts"] == 2 and r["tokens"] == 16
+        assert r["prompts"] == 2 and r["repeats"] == 2 and r["tokens"] == 2 * 16
+        assert len(r["repeat_tokens_per_second"]) == 2 and r["tokens_per_second_min"] <= r["tokens_per_second_max"]
         assert r["same_output"] == 2           # greedy speculation is lossless
     plain, k1, k3 = data["results"][:3]
     assert plain["speedup"] == 1.0 and plain["drafted"] == 0 and plain["acceptance_rate"] is None
@@ -373,7 +375,7 @@ def test_bench_table_shows_command_models_hardware_and_every_mode(tiny_models, p
 
 def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models), "--prompts", prompt_file, "-n", "4", "--k", "2", "--csv",
-                     "--no-warmup"])
+                     "--no-warmup", "--repeats", "1"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("mode,policy,draft_len") and len(lines) == 3
@@ -382,7 +384,7 @@ def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
 
 def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_models, prompt_file):
     args = ["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "6", "--k", "2",
-            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup"]
+            "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup", "--repeats", "1"]
     result = invoke(args + ["--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -391,6 +393,7 @@ def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_mode
         (t, m) for t in (0.0, 0.8, 1.5) for m in ("plain", "k=2")]
     for r in data["results"]:
         assert r["tokens"] == 12 and (r["same_output"] is None) == (r["temperature"] > 0)
+        assert r["verdict"] is None   # one repeat measures no noise
         if r["mode"] == "plain":
             assert r["speedup"] == 1.0  # against plain decoding at the same temperature
     table = invoke(args)
@@ -481,8 +484,45 @@ def test_check_small_gpu_lists_options_that_fit(tiny_models):
     assert "does not fit" in result.stdout and "fits with -c " in result.stdout
 
 
+def test_check_takes_the_models_as_m_and_md_too(tiny_models):
+    positional = invoke(["check", tiny_models["target"], tiny_models["draft"], "--vram", "24"])
+    flags = invoke(["check", "-m", tiny_models["target"], "-md", tiny_models["draft"], "--vram", "24"])
+    assert flags.exit_code == 0, flags.output
+    assert flags.stdout == positional.stdout and "=> compatible" in flags.stdout
+    assert_one_line_error(invoke(["check", tiny_models["target"], "-m", tiny_models["draft"]]), "-m/-md", code=2)
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("total, available, verdict", [
+    (64 * GiB, 32 * GiB, "=> runs on the CPU; needs {} of RAM, this machine has 64.00 GiB (32.00 GiB available now)"),
+    (GiB // 4, GiB // 8, "=> does not fit: needs {} of RAM, this machine has 256 MiB (128 MiB available now)")])
+def test_check_without_a_gpu_plans_for_this_machines_ram(tiny_models, monkeypatch, total, available, verdict):
+    monkeypatch.setattr(sysinfo, "nvidia_gpus", lambda *a, **k: [])
+    monkeypatch.setattr(sysinfo, "total_ram_bytes", lambda: total)
+    monkeypatch.setattr(sysinfo, "available_ram_bytes", lambda: available)
+    result = invoke(["check", "-m", tiny_models["target"], "-md", tiny_models["draft"]])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "no GPU found: runs on the CPU" in out
+    assert "24" not in out.split("Memory plan")[1] and "offloaded" not in out   # no GPU assumed
+    need = re.search(r"needs (\S+ \S+) of RAM", out)[1]
+    assert verdict.format(need) in out
+
+
+def test_check_help_explains_every_option():
+    cmd = main.commands["check"]
+    assert [p.name for p in cmd.params if isinstance(p, click.Option) and not p.help and not p.hidden] == []
+
+
 def test_check_missing_model_is_one_line_error(tmp_path):
     assert_one_line_error(invoke(["check", tmp_path / "missing.gguf"]), "missing.gguf", code=1)
+
+
+def test_check_user_pair_naming_a_missing_file_is_one_line_error(tiny_models, tmp_path, monkeypatch):
+    _user_pair({**tiny_models, "draft": tmp_path / "gone.gguf"}, tmp_path, monkeypatch)
+    assert_one_line_error(invoke(["check", "--pair", "mine"]), "gone.gguf: no such model file", code=1)
 
 
 @pytest.mark.parametrize("vram", ["nan", "inf", "-inf", "1e400"])

@@ -14,8 +14,8 @@ from llamaspec.cli.options import GPU_LAYERS, HELP_SECTIONS
 from llamaspec.cli.pair_choice import warn_before_load
 
 
-def invoke(*args):
-    return CliRunner().invoke(main, list(args))
+def invoke(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input)
 
 
 @pytest.mark.parametrize("command", ["chat", "run", "bench", "serve"])
@@ -100,6 +100,7 @@ class ScriptedChatPair:
     def __init__(self, policy, drafted: int = 0):
         self.target = SimpleNamespace(info=SimpleNamespace(chat_template="{% for m in messages %}{{ m.content }}"
                                                            "{% endfor %}", tokens=(), bos_id=None, eos_id=None))
+        self.target_ctx = SimpleNamespace(on_decode=None)   # chat follows its decodes for the prefill line
         self.policy, self.speculative, self.n_ctx = policy, True, 512
         self.drafted, self.last_stats = drafted, None
 
@@ -142,3 +143,60 @@ def test_chat_says_why_auto_decoded_a_reply_plainly(machine, reason, capsys):
     for pair in (ScriptedChatPair(_auto_on(**machine), drafted=6), ScriptedChatPair(FixedPolicy(4))):
         ChatSession(pair, None, {"max_tokens": None}).reply("hi")   # it drafted, or it is not `auto`: no line
         assert "decoded plainly" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the download prompt of `--pair NAME`
+# ---------------------------------------------------------------------------------------------------------------
+def _pair_on_the_hub(tmp_path, monkeypatch, vram_gb: float, gpus: list, offload: bool = True) -> None:
+    """A user pair `big` of two files not downloaded yet (an empty cache), on a terminal, with these GPUs."""
+    import llamaspec.backend
+    from llamaspec.cli import pair_choice
+
+    (tmp_path / "config").mkdir(parents=True)
+    (tmp_path / "config" / "models.toml").write_text(
+        '[pairs.big]\ntarget = { repo = "example/Big-GGUF", file = "big-Q4_K_M.gguf", size_gb = 16.8 }\n'
+        'draft = { repo = "example/Small-GGUF", file = "small-Q8_0.gguf", size_gb = 0.5 }\n'
+        f"vram_gb = {vram_gb}\n")
+    monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(pair_choice, "on_terminal", lambda: True)
+    monkeypatch.setattr(llamaspec.backend, "supports_gpu_offload", lambda: offload)
+    monkeypatch.setattr(sysinfo, "nvidia_gpus", lambda *a, **k: gpus)
+    monkeypatch.setattr(sysinfo, "nvidia_gpu_signs", lambda *a, **k: ["nvidia-smi"] if gpus else [])
+
+
+def test_download_prompt_without_a_gpu_names_size_and_need_and_defaults_to_no(tmp_path, monkeypatch):
+    _pair_on_the_hub(tmp_path, monkeypatch, vram_gb=24, gpus=[])
+    result = invoke("chat", "--pair", "big", input="\n")   # Enter takes the default
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert ("Pair 'big' needs big-Q4_K_M.gguf and small-Q8_0.gguf (17.3 GB) from Hugging Face and a GPU with 24 GB; "
+            "this machine has no GPU. On the CPU it would be very slow") in result.stderr
+    assert "Download now? [y/N]" in result.stderr
+    assert "error: download declined" in result.stderr
+
+
+def test_download_prompt_on_a_gpu_too_small_or_unusable_defaults_to_no(tmp_path, monkeypatch):
+    small = sysinfo.GPU(0, "NVIDIA GeForce RTX 3060", 12288, 11000)
+    _pair_on_the_hub(tmp_path, monkeypatch, vram_gb=24, gpus=[small])
+    result = invoke("chat", "--pair", "big", input="\n")
+    assert "this machine has NVIDIA GeForce RTX 3060 with 10.7 GiB free" in result.stderr
+    assert "[y/N]" in result.stderr and result.exit_code == 1
+    _pair_on_the_hub(tmp_path / "cpu-build", monkeypatch, vram_gb=24, gpus=[small], offload=False)
+    result = invoke("chat", "--pair", "big", input="\n")
+    assert "this llama-cpp-python build cannot use this machine's GPU" in result.stderr and "[y/N]" in result.stderr
+
+
+def test_download_prompt_defaults_to_yes_when_the_pair_fits(tmp_path, monkeypatch):
+    big = sysinfo.GPU(0, "NVIDIA GeForce RTX 4090", 24564, 23500)
+    _pair_on_the_hub(tmp_path, monkeypatch, vram_gb=24, gpus=[big])
+    result = invoke("chat", "--pair", "big", input="n\n")   # said no: nothing is downloaded
+    assert "with 22.9 GiB free." in result.stderr and "Download now? [Y/n]" in result.stderr
+    assert "On the CPU" not in result.stderr and "error: download declined" in result.stderr
+
+
+def test_serve_parallel_help_says_what_the_readme_says_it_batches():
+    text = " ".join(invoke("serve", "--help").output.split())
+    for claim in ("Attention and hybrid targets", "the MTP head", "EAGLE-3 / DFlash drafters",
+                  "one request at a time"):
+        assert claim in text, claim

@@ -6,6 +6,9 @@ hub's tree API and byte ranges; it counts the body bytes it sends, which is how 
 """
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -95,6 +98,26 @@ def test_repo_spec_that_is_not_owner_name_is_one_clear_error():
     for bad in ("qwen", "a/b/c", "a/b:Q4:Q8", ""):
         with pytest.raises(RegistryError, match="OWNER/NAME"):
             hf_repo.split_repo_tag(bad)
+
+
+@pytest.mark.parametrize("bad, fragment", [("owner/repo.-", "OWNER/NAME"), ("owner/-repo", "OWNER/NAME"),
+                                           ("o/" + "a" * 97, "its name has 97 characters, the hub allows 96"),
+                                           ("o/a--b", "no '--' or '..'"), ("o..p/a", "no '--' or '..'")])
+def test_repo_id_the_hub_would_refuse_is_one_line_before_any_request(bad, fragment):
+    with pytest.raises(RegistryError, match=re.escape(fragment)):
+        hf_repo.split_repo_tag(bad)
+    assert hf_repo.split_repo_tag("o/" + "a" * 96) == ("o/" + "a" * 96, "")
+    assert hf_repo.split_repo_tag("unsloth/Qwen3.6-27B_GGUF:Q8_0") == ("unsloth/Qwen3.6-27B_GGUF", "Q8_0")
+
+
+def test_repo_id_the_hub_would_refuse_is_one_line_on_the_command_line():
+    from llamaspec.cli import main
+
+    for bad in ("owner/repo.-", "o/" + "b" * 120):
+        result = CliRunner().invoke(main, ["run", "-hf", bad, "hello"])
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is not a Hugging Face repo" in lines[0]
 
 
 class _listing:
@@ -272,3 +295,35 @@ def test_hf_without_yes_or_terminal_says_how_and_downloads_nothing(hub):
     with pytest.raises(RegistryError, match="--yes"):
         resolve_model_paths({"hf_repo": "o/big:Q8_0"})
     assert hub.sent == {}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An unreachable hub (isolate_hub points HF_ENDPOINT at a closed loopback port): one line at once, no retries
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["run", "-hf", "o/big", "hello"], ["check", "-hf", "o/big:Q8_0"],
+                                     ["run", "-m", "local.gguf", "-hfd", "o/small", "hello"]])
+def test_unreachable_hub_ends_at_the_first_failure_in_one_line(command):
+    from llamaspec.cli import main
+
+    started = time.monotonic()
+    result = CliRunner().invoke(main, command)
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr            # no retry lines
+    assert lines[0].startswith("error: cannot reach http://127.0.0.1:9 to ")
+    assert "use a local file (-m FILE.gguf), or set HF_HUB_OFFLINE=1" in lines[0]
+    assert elapsed < 5   # huggingface_hub's own retries took 27 s
+
+
+def test_a_cached_file_is_used_when_the_hub_cannot_be_reached(hub, monkeypatch):
+    from llamaspec.hub.registry import ModelRef
+
+    ref = ModelRef(repo="o/small", file="Small-Q8_0.gguf")
+    path = download.fetch(ref)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    started = time.monotonic()
+    assert download.fetch(ref) == path
+    assert time.monotonic() - started < 5
+    with pytest.raises(RegistryError, match="cannot reach http://127.0.0.1:9 to download Small-Q8_0.gguf from o/big"):
+        download.fetch(ModelRef(repo="o/big", file="Small-Q8_0.gguf"))

@@ -49,7 +49,8 @@ class Context(DeviceSampling, NativeHandle):
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = options.n_ctx
         params.n_batch = options.n_batch
-        params.n_ubatch = options.n_batch
+        n_ubatch = min(options.n_ubatch or options.n_batch, options.n_batch)   # llama.cpp's -ub, at most -b
+        params.n_ubatch = n_ubatch
         params.n_seq_max = 1
         threads = options.n_threads or default_threads()
         params.n_threads = threads
@@ -62,8 +63,8 @@ class Context(DeviceSampling, NativeHandle):
             params.n_outputs_max_per_seq = 0  # = n_batch: device argmax of every verified row (set_device_argmax)
         if hasattr(params, "n_rs_seq"):
             # recurrent-state snapshots for rollback; llama.cpp aborts on the first decode unless
-            # n_ubatch >= n_rs_seq + 2 (n_ubatch = n_batch here, which llama.cpp lowers to n_ctx)
-            params.n_rs_seq = min(options.n_rs_seq, max(min(options.n_batch, options.n_ctx) - 2, 0))
+            # n_ubatch >= n_rs_seq + 2 (llama.cpp lowers n_ubatch to n_ctx)
+            params.n_rs_seq = min(options.n_rs_seq, max(min(n_ubatch, options.n_ctx) - 2, 0))
         self._configure(params)
 
         with native_log() as log:

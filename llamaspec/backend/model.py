@@ -21,6 +21,13 @@ _VOCAB_KINDS = {"LLAMA_VOCAB_TYPE_SPM": "spm", "LLAMA_VOCAB_TYPE_BPE": "bpe", "L
                 "LLAMA_VOCAB_TYPE_UGM": "ugm", "LLAMA_VOCAB_TYPE_RWKV": "rwkv", "LLAMA_VOCAB_TYPE_PLAMO2": "plamo2"}
 
 
+def load_mode(use_mmap: bool, use_mlock: bool) -> int:
+    """llama_model_params.load_mode for llama.cpp's --no-mmap / --mlock (the two flags as common/arg.cpp sets it)."""
+    if use_mlock:
+        return llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK if use_mmap else llama_cpp.LLAMA_LOAD_MODE_MLOCK
+    return llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+
+
 @dataclass(frozen=True)
 class SpecialToken:
     """A token llama.cpp's tokenizer matches as a whole string before it tokenizes the text around it."""
@@ -57,7 +64,7 @@ class Model(NativeHandle):
                 raise ModelLoadError(f"tensor split has {len(options.tensor_split)} entries; this build allows {n_max}")
             self._tensor_split = (ctypes.c_float * n_max)(*options.tensor_split)
             params.tensor_split = self._tensor_split
-        params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if options.use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+        params.load_mode = load_mode(options.use_mmap, options.use_mlock)
         params.use_extra_bufts = not options.no_repack
         if options.load_mtp and hasattr(params, "load_mtp"):
             params.load_mtp = True  # the nextn block's tensors; without it llama.cpp skips them

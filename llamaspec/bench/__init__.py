@@ -1,14 +1,18 @@
 """Benchmark one loaded pair: the same prompts decoded plainly and in each speculation mode, in one run.
 
-Plain decoding is the pair with FixedPolicy(0), so one load serves every mode. Prompts are the outer loop and
-modes the inner one: each prompt is prefilled once and the modes after the first reuse its KV cache, so the
-comparison is of decoding speed (tokens / seconds after the prompt). Each mode keeps one policy object for the
-whole run at one temperature, as a chat session would; a sweep over temperatures repeats the run at each, with
-speedups against plain decoding at the same temperature. Returns dataclasses; printing is the caller's business.
+Plain decoding is the pair with FixedPolicy(0), so one load serves every mode. Repeats are the outer loop, then
+prompts, then modes (plain, k=1, ..., auto, plain, k=1, ...): each prompt is prefilled once and the modes after the
+first reuse its KV cache, so the comparison is of decoding speed (tokens / seconds after the prompt), and a load
+that comes and goes falls on every mode of a repeat alike. Tok/s is the median over repeats, a speedup the median of
+each repeat's ratio to plain, and a mode is called faster or slower only beyond plain's own spread over the repeats
+(`compare`). Each mode keeps one policy object for the whole run at one temperature, as a chat session would; a
+sweep over temperatures repeats the run at each, with speedups against plain decoding at the same temperature.
+Returns dataclasses; printing is the caller's business.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -84,18 +88,21 @@ class ModeResult:
     policy: str
     draft_len: int | None          # fixed k, or the adaptive policy's maximum
     temperature: float = 0.0
-    prompts: int = 0
-    tokens: int = 0
+    prompts: int = 0               # prompts measured (in each repeat)
+    repeats: int = 0               # rounds over the prompts measured
+    tokens: int = 0                # over every repeat
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0
     decode_seconds: float = 0.0    # generation time after the prompt was processed
     prefill_seconds: float = 0.0
     same_output: int | None = 0    # prompts whose text equals plain decoding's (None when sampling)
-    speedup: float | None = None   # tokens_per_second / plain's at the same temperature
+    speedup: float | None = None   # median over repeats of tok/s / plain's tok/s in the same repeat
+    speedups: list[float] = field(default_factory=list)            # that ratio in each repeat
+    repeat_tokens_per_second: list[float] = field(default_factory=list)
+    verdict: str | None = None     # against plain: "faster", "slower", "same" (within noise) or None (unknown)
 
     def add(self, stats: GenerationStats) -> None:
-        self.prompts += 1
         self.tokens += stats.tokens_generated
         self.target_passes += stats.target_passes
         self.drafted += stats.drafted
@@ -105,7 +112,26 @@ class ModeResult:
 
     @property
     def tokens_per_second(self) -> float:
+        """The median over repeats (over everything measured when there are none)."""
+        if self.repeat_tokens_per_second:
+            return statistics.median(self.repeat_tokens_per_second)
         return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second_min(self) -> float:
+        return min(self.repeat_tokens_per_second, default=self.tokens_per_second)
+
+    @property
+    def tokens_per_second_max(self) -> float:
+        return max(self.repeat_tokens_per_second, default=self.tokens_per_second)
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of tok/s over repeats: how much the same mode differs from itself (None with
+        fewer than two repeats)."""
+        if len(self.repeat_tokens_per_second) < 2 or not self.tokens_per_second:
+            return None
+        return (self.tokens_per_second_max - self.tokens_per_second_min) / self.tokens_per_second
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -122,9 +148,33 @@ class ModeResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("tokens_per_second", "acceptance_rate", "mean_accepted_length", "mean_draft_len"):
+        for name in ("tokens_per_second", "tokens_per_second_min", "tokens_per_second_max", "spread",
+                     "acceptance_rate", "mean_accepted_length", "mean_draft_len"):
             d[name] = getattr(self, name)
         return d
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether speculation pays at one temperature: the fastest mode that beats plain beyond the noise (None when
+    none does), and how the auto policy fared."""
+
+    temperature: float
+    repeats: int
+    noise: float | None            # the relative difference taken as noise (None: one repeat, unknown)
+    best: ModeResult | None        # the fastest mode judged faster than plain
+    auto: ModeResult | None        # the auto policy's row, when it ran
+    auto_matches_best: bool = False   # auto's speedup is within the noise of the best's
+
+    @property
+    def pays(self) -> bool | None:
+        return None if self.noise is None else self.best is not None
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature, "repeats": self.repeats, "noise": self.noise, "pays": self.pays,
+                "best_mode": self.best.mode if self.best else None,
+                "best_speedup": self.best.speedup if self.best else None,
+                "auto_speedup": self.auto.speedup if self.auto else None, "auto_matches_best": self.auto_matches_best}
 
 
 @dataclass
@@ -135,6 +185,8 @@ class BenchReport:
     sampler: dict
     warmup_seconds: float = 0.0
     outputs: dict[str, list[str]] = field(default_factory=dict, repr=False)   # mode -> text per prompt
+    repeats: int = 1               # asked for
+    interrupted: bool = False      # stopped by Ctrl-C: the results hold what was measured until then
 
     @property
     def plain(self) -> ModeResult | None:
@@ -144,10 +196,15 @@ class BenchReport:
     def temperatures(self) -> list[float]:
         return list(dict.fromkeys(r.temperature for r in self.results))
 
+    def verdicts(self) -> list[Verdict]:
+        """One per temperature measured."""
+        return [judge([r for r in self.results if r.temperature == t]) for t in self.temperatures]
+
     def to_dict(self) -> dict:
         return {"n_prompts": self.n_prompts, "max_tokens": self.max_tokens, "sampler": dict(self.sampler),
-                "temperatures": self.temperatures, "warmup_seconds": self.warmup_seconds,
-                "results": [r.to_dict() for r in self.results]}
+                "temperatures": self.temperatures, "warmup_seconds": self.warmup_seconds, "repeats": self.repeats,
+                "interrupted": self.interrupted, "results": [r.to_dict() for r in self.results],
+                "verdicts": [v.to_dict() for v in self.verdicts()]}
 
 
 def prepare_prompts(pair, prompts: Sequence[str], chat: bool = True) -> list[list[int]]:
@@ -169,12 +226,53 @@ def default_modes(pair, k: int | None = None) -> list[Mode]:
     return [PLAIN, fixed_mode(k or 4), policy_mode("auto")]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Noise: a mode is faster (slower) than plain only when its median speedup over the repeats lies beyond plain's own
+# spread over the same repeats (at least MIN_NOISE) and every repeat's speedup is on the same side of 1. A speedup
+# is a ratio within one repeat (the modes of a repeat run interleaved, prompt by prompt), so a load that comes and
+# goes between repeats moves both sides of it.
+# ---------------------------------------------------------------------------------------------------------------
+MIN_NOISE = 0.03
+
+
+def noise_of(plain: ModeResult) -> float | None:
+    """The relative difference taken as noise: plain's spread over repeats, at least MIN_NOISE; None with one."""
+    return None if plain.spread is None else max(MIN_NOISE, plain.spread)
+
+
+def compare(result: ModeResult, noise: float | None) -> str | None:
+    """"faster", "slower" or "same" (within noise) against plain; None when the noise is unknown."""
+    if noise is None or result.speedup is None or not result.speedups:
+        return None
+    if result.speedup > 1 + noise and min(result.speedups) > 1:
+        return "faster"
+    if result.speedup < 1 / (1 + noise) and max(result.speedups) < 1:
+        return "slower"
+    return "same"
+
+
+def judge(results: Sequence[ModeResult]) -> Verdict:
+    """The verdict over the modes run at one temperature (plain among them)."""
+    plain = next(r for r in results if r.policy == "plain")
+    noise = noise_of(plain)
+    faster = [r for r in results if r.policy != "plain" and r.verdict == "faster"]
+    best = max(faster, key=lambda r: r.speedup, default=None)
+    auto = next((r for r in results if r.policy == "auto"), None)
+    matches = bool(best is not None and auto is not None and auto.verdict == "faster"
+                   and auto.speedup * (1 + noise) >= best.speedup)
+    return Verdict(plain.temperature, plain.repeats, noise, best, auto, matches)
+
+
 def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, max_tokens: int = 128,
               sampler: dict | None = None, warmup: bool = True, p_min: float | None = None,
               progress: Callable[[int], None] | None = None,
-              temperatures: Sequence[float] | None = None) -> BenchReport:
-    """Decode every prompt in every mode (plain first, added when missing), at sampler's temperature or at each
-    of `temperatures`; speedups are against plain at the same temperature."""
+              temperatures: Sequence[float] | None = None, repeats: int = 3) -> BenchReport:
+    """Decode every prompt in every mode (plain first, added when missing), `repeats` times, at sampler's
+    temperature or at each of `temperatures`; speedups are against plain at the same temperature.
+
+    The order is repeat, then prompt, then mode (plain, k=1, ..., auto, plain, k=1, ...), so background load falls
+    on every mode alike. A Ctrl-C ends the run with what was measured (`report.interrupted`): a prompt that not
+    every mode finished in the last repeat is left out."""
     sampler = dict(sampler or {})
     modes = [PLAIN] + [m for m in modes if m.policy != "plain"]
     if len(modes) > 1 and not pair.speculative:
@@ -182,6 +280,8 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
                                     "the target's MTP head (--spec-type draft-mtp)")
     if not prompts:
         raise InvalidParameterError("no prompts to benchmark")
+    if repeats < 1:
+        raise InvalidParameterError(f"repeats must be at least 1, got {repeats}", param="repeats")
     temps = list(temperatures) if temperatures else [sampler.get("temperature") or 0.0]
 
     # 1. warm-up: page the weights in, start the threads, size the buffers (not measured)
@@ -193,37 +293,67 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
                           **{**sampler, "temperature": temps[0]})
     warmup_seconds = time.perf_counter() - t0
 
+    # 2. every prompt in every mode, interleaved, `repeats` times; one policy object per mode for the whole run at
+    # one temperature. runs[t][repeat][mode] = [(stats, text) per prompt]
+    runs: dict[float, list[dict[str, list]]] = {}
+    interrupted = False
+    try:
+        for temperature in temps:
+            at_t = {**sampler, "temperature": temperature}
+            policies = {m.name: m.make_policy(p_min) for m in modes}
+            runs[temperature] = []
+            for _ in range(repeats):
+                this_repeat = {m.name: [] for m in modes}
+                runs[temperature].append(this_repeat)
+                for prompt in prompts:
+                    for mode in modes:
+                        pair.set_policy(policies[mode.name])
+                        completion = pair.generate(list(prompt), max_tokens=max_tokens, **at_t)
+                        this_repeat[mode.name].append((completion.stats, completion.text))
+                        if progress is not None:
+                            progress(1)
+    except KeyboardInterrupt:
+        interrupted = True
+
+    # 3. per mode: totals, tok/s in each repeat, speedups against plain in the same repeat
     results: list[ModeResult] = []
     outputs: dict[str, list[str]] = {}
-    for temperature in temps:
-        at_t = {**sampler, "temperature": temperature}
-        # 2. every prompt in every mode; one policy object per mode for the whole run at this temperature
-        policies = {m.name: m.make_policy(p_min) for m in modes}
-        by_mode = {m.name: ModeResult(m.name, m.policy, m.k if m.k is not None else policies[m.name].k_max,
-                                      temperature) for m in modes}
-        texts: dict[str, list[str]] = {m.name: [] for m in modes}
-        for prompt in prompts:
-            for mode in modes:
-                pair.set_policy(policies[mode.name])
-                completion = pair.generate(list(prompt), max_tokens=max_tokens, **at_t)
-                by_mode[mode.name].add(completion.stats)
-                texts[mode.name].append(completion.text)
-                if progress is not None:
-                    progress(1)
-
-        # 3. compare with plain at this temperature
+    for temperature, rounds in runs.items():
+        if rounds:   # a prompt not every mode finished (the last repeat, interrupted) has nothing to compare with
+            done = min(len(samples) for samples in rounds[-1].values())
+            rounds[-1] = {name: samples[:done] for name, samples in rounds[-1].items()}
+            rounds = [r for r in rounds if any(r.values())]
+        if not rounds:
+            continue
+        by_mode = {}
+        for mode in modes:
+            policy = mode.make_policy(p_min)
+            r = ModeResult(mode.name, mode.policy, mode.k if mode.k is not None else policy.k_max, temperature,
+                           prompts=max(len(rnd[mode.name]) for rnd in rounds), repeats=len(rounds))
+            for rnd in rounds:
+                stats = [s for s, _ in rnd[mode.name]]
+                for s in stats:
+                    r.add(s)
+                seconds = sum(s.decode_time for s in stats)
+                r.repeat_tokens_per_second.append(sum(s.tokens_generated for s in stats) / seconds if seconds else 0.0)
+            by_mode[mode.name] = r
         plain = by_mode[PLAIN.name]
+        noise = noise_of(plain)
+        first = rounds[0]
         for mode in modes:
             r = by_mode[mode.name]
-            r.speedup = r.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else None
-            r.same_output = (sum(a == b for a, b in zip(texts[mode.name], texts[PLAIN.name]))
-                             if not temperature else None)
+            r.speedups = [tps / base if base else math.nan
+                          for tps, base in zip(r.repeat_tokens_per_second, plain.repeat_tokens_per_second)]
+            finite = [x for x in r.speedups if not math.isnan(x)]
+            r.speedup = statistics.median(finite) if finite else None
+            r.verdict = compare(r, noise) if r is not plain else None
+            texts = [text for _, text in first[mode.name]]
+            r.same_output = (sum(a == b for a, (_, b) in zip(texts, first[PLAIN.name])) if not temperature else None)
+            outputs[mode.name if len(temps) == 1 else f"{mode.name} T={temperature:g}"] = texts
         results += [by_mode[m.name] for m in modes]
-        for name, mode_texts in texts.items():
-            outputs[name if len(temps) == 1 else f"{name} T={temperature:g}"] = mode_texts
     if len(temps) > 1:
         sampler.pop("temperature", None)
-    return BenchReport(results, len(prompts), max_tokens, sampler, warmup_seconds, outputs)
+    return BenchReport(results, len(prompts), max_tokens, sampler, warmup_seconds, outputs, repeats, interrupted)
 
 
 def plot_report(report: BenchReport, path: str) -> None:

@@ -1,4 +1,5 @@
-"""`llamaspec bench`: plain decoding against speculation, same prompts, one run (the library is llamaspec.bench)."""
+"""`llamaspec bench`: plain decoding against speculation, same prompts, one run, the modes interleaved over repeats
+(the library is llamaspec.bench); ends with one sentence on whether speculation pays on this machine."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +13,10 @@ from . import main
 from .options import Command, fail, handle_errors, pair_options, sampler_kwargs, sampler_options
 from .pair_choice import load_pair_from_options
 PLOT_INSTALL = "pip install 'llamaspec[plot]'"
-TABLE_COLUMNS = ("mode", "draft len", "mean draft", "acceptance", "tok/pass", "tok/s", "speedup", "same output")
+TABLE_COLUMNS = ("mode", "draft len", "mean draft", "acceptance", "tok/pass", "tok/s", "min-max", "speedup",
+                 "vs plain", "same output")
+VERDICT_WORDS = {"faster": "faster", "slower": "slower", "same": "same within noise", None: "?"}
+EXIT_INTERRUPTED = 130
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -26,8 +30,11 @@ def table_rows(report) -> list[tuple[str, ...]]:
     for r in report.results:
         draft_len = "0" if r.policy == "plain" else (str(r.draft_len) if r.policy == "fixed" else f"<={r.draft_len}")
         same = "-" if r.same_output is None else f"{r.same_output}/{r.prompts}"
+        vs_plain = "-" if r.policy == "plain" else VERDICT_WORDS[r.verdict]
         row = (r.mode, draft_len, f"{r.mean_draft_len:.2f}", _fmt(r.acceptance_rate, ".0%"),
-               f"{r.mean_accepted_length:.2f}", f"{r.tokens_per_second:.1f}", _fmt(r.speedup, ".2f") + "x", same)
+               f"{r.mean_accepted_length:.2f}", f"{r.tokens_per_second:.1f}",
+               f"{r.tokens_per_second_min:.1f}-{r.tokens_per_second_max:.1f}", _fmt(r.speedup, ".2f") + "x", vs_plain,
+               same)
         rows.append((f"{r.temperature:g}",) + row if sweep else row)
     return rows
 
@@ -36,6 +43,31 @@ def format_table(rows, columns=TABLE_COLUMNS) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(columns, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(columns), line("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def verdict_sentence(verdict) -> str:
+    """Whether speculation pays, in words, from a llamaspec.bench.Verdict."""
+    if verdict.noise is None:
+        return "one repeat cannot tell a speed-up from noise: run with --repeats 3 or more to judge"
+    best, auto = verdict.best, verdict.auto
+    if best is None:
+        return "speculation does not pay here: use plain decoding (--spec-type none)"
+    sentence = f"on this machine speculation pays: {best.speedup:.2f}x with {best.mode}"
+    flags = (f"--policy fixed --draft-max {best.draft_len}" if best.policy == "fixed" else f"--policy {best.policy}")
+    if best is auto:
+        return sentence + " (the default policy)"
+    if verdict.auto_matches_best:
+        return sentence + f"; auto picks it ({auto.speedup:.2f}x)"
+    if auto is not None:
+        return sentence + f"; auto gets {auto.speedup:.2f}x, so choose it yourself: {flags}"
+    return sentence + f" ({flags})"
+
+
+def verdict_lines(report) -> list[str]:
+    verdicts = report.verdicts()
+    if len(verdicts) == 1:
+        return [verdict_sentence(verdicts[0])]
+    return [f"at temperature {v.temperature:g}: {verdict_sentence(v)}" for v in verdicts]
 
 
 def hardware_info(pair, n_threads: int | None) -> dict:
@@ -75,6 +107,9 @@ def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int |
               help="Temperatures to sweep, e.g. 0,0.5,0.8,1.0: every mode at each (instead of --temp); the table "
                    "and --plot show acceptance and speedup against temperature.")
 @click.option("--raw", is_flag=True, help="Send prompts as raw text instead of a chat-templated user message.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Rounds over the prompts, every mode interleaved in each; the spread over them is the noise a "
+                   "speed-up must beat.")
 @click.option("--no-warmup", is_flag=True, help="Skip the unmeasured warm-up generation.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the results as CSV.")
@@ -83,8 +118,9 @@ def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int |
 @pair_options
 @sampler_options(max_tokens=128)
 @handle_errors
-def bench(prompt_spec, k_list, policies, temps, raw, no_warmup, as_json, as_csv, plot_path, **opts):
-    """Compare plain decoding with speculation (fixed draft lengths, policies) on the same prompts."""
+def bench(prompt_spec, k_list, policies, temps, raw, repeats, no_warmup, as_json, as_csv, plot_path, **opts):
+    """Compare plain decoding with speculation (fixed draft lengths, policies) on the same prompts, and say whether
+    speculation pays here. Ctrl-C prints what was measured so far."""
     from .. import bench as lib
     from ..bench.prompts import load_prompts
 
@@ -108,17 +144,20 @@ def bench(prompt_spec, k_list, policies, temps, raw, no_warmup, as_json, as_csv,
         modes = build_modes(pair, k_list, policies, opts.get("draft_max"))
         token_prompts = lib.prepare_prompts(pair, prompts, chat=not raw)
         click.echo("warming up..." if not no_warmup else "running...", err=True)
-        n_runs = len(prompts) * (1 + sum(m.policy != "plain" for m in modes)) * len(temperatures or [0])
+        n_runs = repeats * len(prompts) * (1 + sum(m.policy != "plain" for m in modes)) * len(temperatures or [0])
         with click.progressbar(length=n_runs, label="bench", file=sys.stderr) as bar:
             report = lib.run_bench(pair, token_prompts, modes, max_tokens=opts["max_tokens"],
                                    sampler={k: v for k, v in sampler_kwargs(opts).items() if k != "max_tokens"},
                                    warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update,
-                                   temperatures=temperatures)
+                                   temperatures=temperatures, repeats=repeats)
+        if not report.results:
+            click.echo("interrupted before any prompt was measured in every mode", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         hardware = hardware_info(pair, opts.get("n_threads"))
         header = {"command": command, "target": model_info(pair.target), "draft": model_info(pair.draft),
                   "drafter": pair.drafter_kind, "hardware": hardware, "prompts": prompt_spec}
         if as_json:
-            click.echo(json.dumps({**header, **report.to_dict()}, indent=2))
+            click.echo(json.dumps({**header, **report.to_dict(), "verdict": verdict_lines(report)}, indent=2))
         elif as_csv:
             write_csv(report)
         else:
@@ -126,12 +165,17 @@ def bench(prompt_spec, k_list, policies, temps, raw, no_warmup, as_json, as_csv,
         if plot_path:
             lib.plot_report(report, plot_path)
             click.echo(f"plot written to {plot_path}", err=True)
+        if report.interrupted:
+            click.echo(f"interrupted: the results above are of {report.results[0].repeats} of {repeats} repeat(s)",
+                       err=True)
+            sys.exit(EXIT_INTERRUPTED)
     finally:
         pair.close()
 
 
 def write_csv(report) -> None:
-    rows = [r.to_dict() for r in report.results]
+    rows = [{k: ";".join(f"{x:g}" for x in v) if isinstance(v, list) else v for k, v in r.to_dict().items()}
+            for r in report.results]
     writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
@@ -160,3 +204,13 @@ def print_report(header: dict, report, n_prompts: int) -> None:
     click.echo()
     columns = (("temp",) + TABLE_COLUMNS) if len(temps) > 1 else TABLE_COLUMNS
     click.echo(format_table(table_rows(report), columns))
+    from ..bench import MIN_NOISE
+
+    click.echo()
+    noise = [v.noise for v in report.verdicts() if v.noise is not None]
+    if noise:
+        click.echo(f"tok/s: the median over {report.results[0].repeats} repeats, min-max its range. A mode is faster "
+                   "or slower than plain\nonly beyond the noise (plain's own spread over the repeats, here "
+                   f"{max(noise):.0%}, at least {MIN_NOISE:.0%}) in every repeat.")
+    for line in verdict_lines(report):
+        click.echo(line)

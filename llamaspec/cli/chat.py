@@ -20,8 +20,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, handle_errors, not_utf8, pair_options, reasoning_option, sampler_kwargs,
-                      sampler_options, utf8_argument)
+from .options import (Command, check_shaping_options, handle_errors, not_utf8, pair_options, reasoning_option,
+                      sampler_kwargs, sampler_options, shaping_from_options, shaping_options, utf8_argument)
 from .pair_choice import load_pair_from_options
 from .textfile import read_text_file, text_limit
 
@@ -42,6 +42,7 @@ Ctrl-C stops a reply, or clears the line. Start a message with {MULTILINE} to ty
 
 
 CHAT_DIR_ENV = "LLAMASPEC_CHAT_DIR"
+PROGRESS_AFTER_S = 1.0   # a prefill shorter than this shows no progress line
 
 
 def chats_dir() -> Path:
@@ -92,6 +93,45 @@ def read_message() -> str:
     return "\n".join(lines).strip("\n")
 
 
+class PrefillProgress:
+    """While a long prompt is read (the prefill before the first token), a line on stderr with the tokens read so
+    far and the rate, from PROGRESS_AFTER_S on; erased when the reply starts. It follows the target context's
+    decodes (`on_decode`, chained to whoever else follows them)."""
+
+    def __init__(self, ctx, clock=time.monotonic):
+        self.ctx, self.clock = ctx, clock
+        self.started, self.tokens, self.reading = clock(), 0, True
+        self.shown = 0   # the width of the line on screen
+
+    def __enter__(self):
+        self.follower = getattr(self.ctx, "on_decode", None)
+        self.ctx.on_decode = self._decoded
+        return self
+
+    def _decoded(self, tokens, first_position) -> None:
+        if self.follower is not None:
+            self.follower(tokens, first_position)
+        if not self.reading:
+            return
+        self.tokens += len(tokens)
+        elapsed = self.clock() - self.started
+        if elapsed >= PROGRESS_AFTER_S:
+            line = f"[reading the prompt: {self.tokens} tokens, {self.tokens / elapsed:.0f} tok/s]"
+            click.echo("\r" + line, nl=False, err=True)
+            self.shown = len(line)
+
+    def done(self) -> None:
+        """The first token is out: the prompt is read."""
+        if self.reading and self.shown:
+            click.echo("\r" + " " * self.shown + "\r", nl=False, err=True)
+        self.reading = False
+
+    def __exit__(self, *exc):
+        self.done()
+        if self.ctx.on_decode == self._decoded:
+            self.ctx.on_decode = self.follower
+
+
 class ChatSession:
     """The conversation, the sampler settings, and the slash commands that change them."""
 
@@ -103,6 +143,7 @@ class ChatSession:
         self.system = system
         self.messages: list[dict] = []
         self.sampler = sampler
+        self.shaping = None       # --repeat-penalty, --grammar, -j: the same for every reply
         self.last_stats = None
         self.reasoning = reasoning
         self.opens_thinking = False
@@ -126,7 +167,7 @@ class ChatSession:
         if sampler["max_tokens"] is None:
             sampler["max_tokens"] = self.pair.n_ctx
         try:
-            pieces = self.pair.stream(self.prompt_tokens(), **sampler)
+            pieces = self.pair.stream(self.prompt_tokens(), shaping=self.shaping, **sampler)
         except KeyboardInterrupt:
             self.messages.pop()
             click.echo(dim("\n[stopped]"))
@@ -144,8 +185,10 @@ class ChatSession:
         interrupted = failed = False
         splitter = ThinkSplitter(self.opens_thinking)
         try:
-            for piece in pieces:
-                self._show(splitter.feed(piece.text), parts)
+            with PrefillProgress(self.pair.target_ctx) as progress:
+                for piece in pieces:
+                    progress.done()
+                    self._show(splitter.feed(piece.text), parts)
             self._show(splitter.flush(), parts)
         except KeyboardInterrupt:
             interrupted = True
@@ -329,6 +372,7 @@ class ChatSession:
             raise ValueError(f"{path} is not a conversation /save wrote (no list of {{role, content}} messages)")
         self.messages, self.system, self.last_stats = messages, system, None
         click.echo(dim(f"[loaded {len(messages)} messages from {path}]"))
+        click.echo(dim(f"[{len(self.prompt_tokens())} tokens, read before the next reply]"))
 
     def save_on_exit(self) -> None:
         if not self.messages:
@@ -429,6 +473,7 @@ def plain_reason(pair, stats) -> str | None:
 @click.option("--system", "-sys", "--system-prompt", "system", default=None, help="System prompt.")
 @pair_options
 @sampler_options(max_tokens=None)
+@shaping_options
 @reasoning_option
 @handle_errors
 def chat(system, reasoning, **opts):
@@ -437,9 +482,11 @@ def chat(system, reasoning, **opts):
 
     exit_on_hangup()   # a closed terminal ends the chat like SIGTERM and Ctrl-D: the conversation is saved
     system = utf8_argument(system, "--system")
+    check_shaping_options(opts)
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
         session = ChatSession(pair, system, sampler_kwargs(opts), reasoning)
+        session.shaping = shaping_from_options(opts, pair.target)
         draft = f"draft {pair.draft.path.name}" if pair.draft is not None else \
             (f"drafter {pair.drafter_kind}" if pair.speculative else "no draft")
         policy = f", policy {pair.policy.name}" if pair.speculative else ""

@@ -30,15 +30,14 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / GiB:.2f} GiB" if n_bytes >= GiB else f"{n_bytes / MiB:.0f} MiB"
 
 
-def default_vram(main_gpu: int) -> tuple[float, str]:
-    """GiB and where the number came from: free memory of the main GPU per nvidia-smi, else 24."""
-    from ..gguf.memory import DEFAULT_VRAM_GB
+def default_vram(main_gpu: int) -> tuple[float, str] | None:
+    """GiB and where the number came from: free memory of the main GPU per nvidia-smi; None without a GPU."""
     from ..sysinfo import nvidia_gpus
 
     gpus = nvidia_gpus()
     gpu = next((g for g in gpus if g.index == main_gpu), gpus[0] if gpus else None)
     if gpu is None:
-        return DEFAULT_VRAM_GB, "no GPU found; assumed"
+        return None
     return gpu.free_mib / 1024, f"free on GPU {gpu.index} ({gpu.name}) per nvidia-smi"
 
 
@@ -92,6 +91,38 @@ def print_plan(plan, vram_source: str) -> None:
         click.echo(f"  fits with {sug.flags:<30} {gib(sug.gpu_bytes):>10} on the GPU  ({sug.note})")
 
 
+def print_cpu_plan(plan, mtp_added: int | None) -> None:
+    """The plan of a machine without a GPU: every buffer in RAM, against this machine's memory."""
+    from .. import sysinfo
+
+    s = plan.settings
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}; no GPU found: "
+               "runs on the CPU (--vram GiB plans for a GPU)")
+    state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
+    rows = [("", "weights", "KV cache") + (("state",) if state else ()) + ("compute", "RAM")]
+    for role, m in (("target", plan.target), ("draft", plan.draft)):
+        if m is not None:
+            rows.append((role, gib(m.weights), gib(m.kv_cache))
+                        + ((gib(m.recurrent + m.checkpoints),) if state else ()) + (gib(m.compute), gib(m.total)))
+    if mtp_added is not None:
+        rows.append(("drafting with the MTP head",) + ("",) * (len(rows[0]) - 2) + (gib(mtp_added),))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    need = plan.ram_bytes_cpu_only + (mtp_added or 0)
+    total, available = sysinfo.total_ram_bytes(), sysinfo.available_ram_bytes()
+    if not total:
+        click.echo(f"  => runs on the CPU; needs {gib(need)} of RAM (this machine's memory is unknown)")
+        return
+    has = f"this machine has {gib(total)}" + (f" ({gib(available)} available now)" if available else "")
+    if need <= (available or total):
+        click.echo(f"  => runs on the CPU; needs {gib(need)} of RAM, {has}")
+    elif need <= total:
+        click.echo(f"  => runs on the CPU if memory is freed: needs {gib(need)} of RAM, {has}")
+    else:
+        click.echo(f"  => does not fit: needs {gib(need)} of RAM, {has} (a smaller quant or context: -c, -ctk q8_0)")
+
+
 def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
     """The two headers (draft None without one): local files are read, files on the hub are read in part."""
     from ..gguf.reader import read_model_info
@@ -118,29 +149,37 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
 @main.command(cls=Command)
 @click.argument("target", required=False, type=click.Path(dir_okay=False))
 @click.argument("draft", required=False, type=click.Path(dir_okay=False))
+@click.option("-m", "--model", "model", type=click.Path(dir_okay=False), help="Target GGUF file (or TARGET).")
+@click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", type=click.Path(dir_okay=False),
+              help="Draft GGUF file (or DRAFT).")
 @click.option("--pair", "pair_name", help="A named pair from models.toml instead of TARGET DRAFT.")
 @hf_options()[0]
 @hf_options()[1]
 @hf_options()[2]
 @click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
-              show_default=f"{_MODEL.n_ctx}, or the --pair entry's")
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=None, show_default=str(_MODEL.n_batch))
+              show_default=f"{_MODEL.n_ctx}, or the --pair entry's", help="Context size in tokens to plan for.")
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=None, show_default=str(_MODEL.n_batch),
+              help="Tokens per prompt-processing batch (sizes the compute buffers).")
 @click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default=None,
-              show_default=f"{_MODEL.cache_type_k}, or the --pair entry's")
+              show_default=f"{_MODEL.cache_type_k}, or the --pair entry's", help="KV cache type of the keys.")
 @click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default=None,
-              show_default=f"{_MODEL.cache_type_v}, or the --pair entry's")
+              show_default=f"{_MODEL.cache_type_v}, or the --pair entry's", help="KV cache type of the values.")
 @click.option("-fa", "--flash-attn", "flash_attn", type=click.Choice(FLASH_ATTN_MODES), default=None,
-              show_default=_MODEL.flash_attn)
+              show_default=_MODEL.flash_attn, help="Flash attention (off: a larger compute buffer).")
 @click.option("-ngl", "--n-gpu-layers", "n_gpu_layers", type=int, default=None,
-              show_default=f"{_MODEL.n_gpu_layers}, or the --pair entry's")
-@click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None)
-@click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True)
+              show_default=f"{_MODEL.n_gpu_layers}, or the --pair entry's",
+              help="Target layers on the GPU (-1 = all).")
+@click.option("-ngld", "--n-gpu-layers-draft", "draft_n_gpu_layers", type=int, default=None,
+              help="Draft layers on the GPU [default: as -ngl].")
+@click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The GPU whose free memory is planned for.")
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
-              help="GPU memory in GiB [default: free memory nvidia-smi reports, else 24].")
+              help="GPU memory in GiB [default: free memory nvidia-smi reports; without a GPU, a plan for this "
+                   "machine's RAM].")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
-def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch, cache_type_k, cache_type_v,
-          flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, vram, assume_yes):
+def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch,
+          cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, vram, assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
     the hub too: --pair and -hf read the headers with HTTP range requests, without downloading the files)."""
     from ..gguf.compat import compatibility_report
@@ -150,6 +189,9 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
     from ..loading import rs_snapshots, sibling_draft, snapshot_reach
     from ..policy import policy_for
 
+    if (target and model) or (draft and model_draft):
+        raise click.UsageError("give the models either as TARGET [DRAFT] or as -m/-md, not both")
+    target, draft = target or model, draft or model_draft
     target_info, draft_info = read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft)
     from ..backend.model import check_loads
     from ..gguf.spec_kind import spec_kind
@@ -199,7 +241,15 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
         click.echo()
         print_compatibility(report)
 
-    vram_gib, source = (vram, "--vram") if vram is not None else default_vram(main_gpu)
+    found = (vram, "--vram") if vram is not None else default_vram(main_gpu)
+    if found is None:
+        click.echo()
+        mtp_added = (mtp.kv_cache + mtp.compute + (mtp.weights if head_file is not None else 0)
+                     if mtp is not None and draft_info is None else None)
+        print_cpu_plan(plan_memory(target_info, draft_info, settings, 0, 0, 0), mtp_added)
+        _notes(n_ctx, target_info, report, drafting_file)
+        return
+    vram_gib, source = found
     plan = plan_memory(target_info, draft_info, settings, int(vram_gib * 2**30), n_gpu_layers, draft_n_gpu_layers)
     click.echo()
     print_plan(plan, source)
@@ -214,6 +264,10 @@ def check(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_ba
         click.echo("  no context fits with both models fully on the GPU")
     else:
         click.echo(f"  largest context with both models fully on the GPU: {full} (-c {full})")
+    _notes(n_ctx, target_info, report, drafting_file)
+
+
+def _notes(n_ctx, target_info, report, drafting_file) -> None:
     if n_ctx > target_info.n_ctx_train > 0:
         click.echo(f"note: context {n_ctx} is beyond the target's trained context {target_info.n_ctx_train}")
     if report is not None and not report.compatible:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -84,13 +85,15 @@ class OneLineUsageError(click.UsageError):
 
 # --help sections: option (parameter) name -> section; the rest are listed under "Options"
 HELP_SECTIONS = {
-    "Model": ("model", "model_draft", "pair_name", "hf_repo", "hf_file", "hf_repo_draft", "no_draft", "assume_yes"),
+    "Model": ("model", "model_draft", "pair_name", "hf_repo", "hf_file", "hf_repo_draft", "no_draft", "assume_yes",
+              "chat_template_file", "jinja"),
     "Drafting": ("policy", "draft_max", "draft_min", "draft_p_min", "drafter", "drafter_kind", "spec_type"),
     "Sampling": ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "samplers", "sampler_order",
-                 "reasoning"),
-    "Placement": ("n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_threads", "draft_n_threads",
+                 "reasoning", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "grammar",
+                 "grammar_file", "json_schema", "json_schema_file"),
+    "Placement": ("n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "n_threads", "draft_n_threads",
                   "flash_attn", "cache_type_k", "cache_type_v", "main_gpu", "draft_main_gpu", "split_mode",
-                  "tensor_split", "rpc_servers", "devices", "draft_device", "no_repack"),
+                  "tensor_split", "rpc_servers", "devices", "draft_device", "no_repack", "no_mmap", "mlock"),
     "Server": ("host", "port", "api_key", "admin_key", "model_id", "max_queue", "max_body_bytes", "shutdown_timeout",
                "read_timeout", "allowed_hosts", "cors_origins", "access_log"),
 }
@@ -190,6 +193,8 @@ def pair_options(func):
                      help=f"Context size in tokens [default: {DEFAULT_N_CTX}, or the --pair entry's]."),
         click.option("-b", "--batch-size", "n_batch", type=Bounded("n_batch"), default=_MODEL.n_batch,
                      show_default=True, help="Tokens per prompt-processing batch."),
+        click.option("-ub", "--ubatch-size", "n_ubatch", type=Bounded("n_batch"), default=None,
+                     help="Tokens per physical batch, at most -b (smaller: smaller compute buffers) [default: as -b]."),
         click.option("-t", "--threads", "n_threads", type=Bounded("n_threads"), default=None,
                      help="CPU threads (default: physical cores)."),
         click.option("-td", "--threads-draft", "draft_n_threads", type=Bounded("n_threads"), default=None,
@@ -215,6 +220,14 @@ def pair_options(func):
         click.option("-devd", "--device-draft", "draft_device", default=None,
                      help="Put the whole draft on this device, e.g. CUDA1."),
         click.option("--no-repack", is_flag=True, help="Turn off llama.cpp CPU weight repacking."),
+        click.option("--no-mmap", "no_mmap", is_flag=True,
+                     help="Read the weights into memory instead of mapping the files (slower to load; the pages "
+                          "are not dropped under memory pressure)."),
+        click.option("--mlock", is_flag=True, help="Keep the weights in RAM: never swapped out or compressed."),
+        click.option("--chat-template-file", "chat_template_file", type=click.Path(dir_okay=False),
+                     help="A Jinja chat template to render prompts with instead of the one in the target GGUF."),
+        click.option("--jinja", is_flag=True,
+                     help="Accepted for llama.cpp command lines: llamaspec always renders the Jinja template."),
         click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
                      help=f"Draft-length policy [default: {_LOAD.policy}, or the --pair entry's]."),
         click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", type=Bounded("draft_max"),
@@ -284,6 +297,97 @@ def sampler_options(func=None, *, max_tokens: int | None = 256):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def shaping_options(func):
+    """llama.cpp's penalties and constrained output (--repeat-penalty, --grammar, -j ...), for run and chat; they
+    become a Shaping (`shaping_from_options`) once the target is loaded."""
+    options = [
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True,
+                     help="Divide the logits of tokens seen in the last --repeat-last-n by this (1 = off)."),
+        click.option("--repeat-last-n", type=click.IntRange(min=-1), default=64, show_default=True,
+                     help="Tokens the penalties look back over (0 = off, -1 = the whole context)."),
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtract this from the logits of tokens seen in the window (0 = off)."),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtract this times the count of each token seen in the window (0 = off)."),
+        click.option("--grammar", default=None, metavar="GBNF",
+                     help="Constrain the reply to this GBNF grammar (llama.cpp's format)."),
+        click.option("--grammar-file", type=click.Path(dir_okay=False), default=None,
+                     help="Constrain the reply to the GBNF grammar in FILE."),
+        click.option("-j", "--json-schema", "json_schema", default=None, metavar="SCHEMA",
+                     help="Constrain the reply to JSON valid under this JSON schema, e.g. '{}' for any object."),
+        click.option("-jf", "--json-schema-file", "json_schema_file", type=click.Path(dir_okay=False), default=None,
+                     help="Constrain the reply to JSON valid under the JSON schema in FILE."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _read_text(path: str, flag: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise click.BadParameter(f"cannot read {path} ({e.strerror or e})", param_hint=flag) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.BadParameter(f"{path}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})",
+                                 param_hint=flag) from None
+
+
+def check_shaping_options(opts: dict) -> None:
+    """Before any model loads: read the grammar / schema files, parse the schema, check the penalties; the result
+    (GBNF text or a parsed schema, and the flag it came from) lands in opts["constraint"]."""
+    import json
+
+    from ..shaping import Penalties
+
+    given = [(flag, opts.get(name)) for flag, name in (("--grammar", "grammar"), ("--grammar-file", "grammar_file"),
+                                                       ("--json-schema", "json_schema"),
+                                                       ("--json-schema-file", "json_schema_file"))
+             if opts.get(name) is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"give one of {' and '.join(flag for flag, _ in given)}, not both")
+    opts["constraint"] = None
+    if given:
+        flag, value = given[0]
+        text = _read_text(value, flag) if flag.endswith("-file") else value
+        if flag.startswith("--json-schema"):
+            try:
+                schema = json.loads(text)
+            except ValueError as e:
+                raise click.BadParameter(f"not JSON: {e}", param_hint=flag) from None
+            if not isinstance(schema, dict):
+                raise click.BadParameter("a JSON schema is an object, e.g. '{\"type\": \"object\"}'",
+                                         param_hint=flag)
+            opts["constraint"] = ("schema", schema, flag)
+        else:
+            opts["constraint"] = ("gbnf", text, flag)
+    try:
+        Penalties(repeat=opts["repeat_penalty"], frequency=opts["frequency_penalty"],
+                  presence=opts["presence_penalty"], last_n=opts["repeat_last_n"])
+    except InvalidParameterError as e:
+        raise click.BadParameter(str(e), param_hint="--" + (e.param or "repeat_penalty").replace("_", "-")) from None
+
+
+def shaping_from_options(opts: dict, model):
+    """The Shaping of --repeat-penalty, --grammar, -j and the like for `model` (the loaded target), or None when
+    none is asked for; call check_shaping_options first."""
+    from ..shaping import Penalties, Shaping
+
+    grammar = None
+    if opts.get("constraint") is not None:
+        from ..backend.grammar import Grammar, json_schema_gbnf
+
+        kind, value, flag = opts["constraint"]
+        gbnf = json_schema_gbnf(value, flag) if kind == "schema" else value
+        grammar = Grammar.compile(model, gbnf, flag)
+    penalties = Penalties(repeat=opts["repeat_penalty"], frequency=opts["frequency_penalty"],
+                          presence=opts["presence_penalty"], last_n=opts["repeat_last_n"])
+    shaping = Shaping(grammar=grammar, penalties=penalties if penalties.active else None)
+    return shaping if shaping.active else None
 
 
 def reasoning_option(func=None, *, help: str = "Thinking (the chat template's enable_thinking); auto: the "

@@ -88,8 +88,12 @@ def resolve_model_paths(opts: dict, use_default_pair: bool = False) -> tuple[str
             from ..hub.registry import resolve_pair
         except ImportError:
             raise click.UsageError("no model registry in this install: give -m TARGET.gguf [-md DRAFT.gguf]")
-        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False),
-                                               confirm=confirm_on_terminal())
+        confirm = None
+        if on_terminal():   # the question, with what the pair needs against what this machine has, is the CLI's
+            def confirm(_question, name=pair_name):
+                question, fits = download_question(name)
+                return click.confirm(question, default=fits, err=True)
+        target, draft, defaults = resolve_pair(pair_name, assume_yes=opts.get("assume_yes", False), confirm=confirm)
     if not target:
         raise click.UsageError("no model: give -m TARGET.gguf [-md DRAFT.gguf] or --pair NAME")
     drafter, plain = chosen_drafter(opts)
@@ -139,12 +143,46 @@ def resolve_hf_paths(opts: dict) -> tuple[str, str | None, dict]:
     return str(target_path), (str(draft_path) if draft_path else None), defaults
 
 
+def on_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
 def confirm_on_terminal():
     """A yes/no question for the library to ask through (None without a terminal: the library then says how to
     go on instead of asking)."""
-    if sys.stdin is None or not sys.stdin.isatty():
+    if not on_terminal():
         return None
     return lambda question: click.confirm(question, default=True, err=True)
+
+
+def download_question(pair_name: str) -> tuple[str, bool]:
+    """The question asked before a named pair's files are downloaded (their size, the GPU memory the pair was
+    chosen for, what this machine has) and its default: yes only when the pair fits this machine's GPU, or needs
+    none."""
+    from .. import sysinfo
+    from ..backend import supports_gpu_offload
+    from ..hub.download import downloaded
+    from ..hub.registry import VRAM_FREE_SHARE, get_pair
+
+    entry = get_pair(pair_name)
+    missing = [ref for ref, path in zip(entry.models, downloaded(entry)) if path is None]
+    size_gb = sum(ref.size_gb or 0 for ref in missing)
+    files = " and ".join(ref.file for ref in missing) + (f" ({size_gb:.1f} GB)" if size_gb else "")
+    gpus = sysinfo.nvidia_gpus() if supports_gpu_offload() else []
+    gpu = max(gpus, key=lambda g: g.free_mib, default=None)
+    if gpu is not None:
+        has = f"this machine has {gpu.name} with {gpu.free_mib / 1024:.1f} GiB free"
+    elif sysinfo.nvidia_gpu_signs():
+        has = "this llama-cpp-python build cannot use this machine's GPU (`llamaspec doctor` says how to fix it)"
+    else:
+        has = "this machine has no GPU"
+    if not entry.vram_gb:
+        return f"Pair {entry.name!r} needs {files} from Hugging Face (it runs on the CPU). Download now?", True
+    fits = gpu is not None and entry.vram_gb * VRAM_FREE_SHARE <= gpu.free_mib / 1024
+    advice = "" if fits else (" On the CPU it would be very slow; without --pair, llamaspec picks a pair for "
+                              "this machine.")
+    return (f"Pair {entry.name!r} needs {files} from Hugging Face and a GPU with {entry.vram_gb:g} GB; {has}."
+            f"{advice} Download now?"), fits
 
 
 def warn_before_load(target: str, draft: str | None, n_gpu_layers: int, draft_n_gpu_layers: int | None) -> None:
@@ -185,6 +223,7 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
     from ..loading import load_pair
     from .loadline import load_line
 
+    template = read_chat_template(opts.get("chat_template_file"))   # a bad file fails before the long load
     target, draft, defaults = resolve_model_paths(opts, use_default_pair)
     n_gpu_layers = opts["n_gpu_layers"]
     warn_before_load(target, draft, n_gpu_layers, opts.get("draft_n_gpu_layers"))
@@ -198,17 +237,40 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
                                      param_hint="--tensor-split")
     config = LoadConfig().replace(**defaults).replace(
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=opts.get("draft_n_gpu_layers"), n_ctx=opts.get("n_ctx"),
-        n_batch=opts["n_batch"], n_threads=opts.get("n_threads"), draft_n_threads=opts.get("draft_n_threads"),
+        n_batch=opts["n_batch"], n_ubatch=opts.get("n_ubatch"), n_threads=opts.get("n_threads"),
+        draft_n_threads=opts.get("draft_n_threads"),
         flash_attn=opts["flash_attn"], cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"],
         main_gpu=opts["main_gpu"], draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"],
         tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
         draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
+        use_mmap=False if opts.get("no_mmap") else None, use_mlock=True if opts.get("mlock") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))
     line = load_line(log_loads)
     # a Ctrl-C / SIGTERM anywhere in the load is a flag llama.cpp's callbacks read, raised once load_pair returns:
     # arriving while llama.cpp calls back into Python (its log, while devices are listed), it would be lost
     with watch_loads(line) if line is not None else contextlib.nullcontext(), interrupt.signals_stop():
-        return load_pair(target, draft, config=config)
+        pair = load_pair(target, draft, config=config)
+    if template is not None:   # every prompt of this pair (run, chat, the server) is rendered with it
+        pair.target.info.metadata["tokenizer.chat_template"] = template.source
+    return pair
+
+
+def read_chat_template(path: str | None):
+    """--chat-template-file as a ChatTemplate (checked: UTF-8, a Jinja template that compiles), or None."""
+    if path is None:
+        return None
+    from ..chat_template import ChatTemplate, ChatTemplateError
+    from ..errors import PromptFileError
+    from .options import decode_utf8
+
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read the chat template ({e.strerror or e})") from None
+    try:
+        return ChatTemplate(decode_utf8(data, path))
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"{path}: {e}") from None
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from . import main
-from .options import (Command, decode_utf8, handle_errors, pair_options, reasoning_option, sampler_kwargs,
-                      sampler_options, utf8_argument, warn)
+from .options import (Command, check_shaping_options, decode_utf8, handle_errors, pair_options, reasoning_option,
+                      sampler_kwargs, sampler_options, shaping_from_options, shaping_options, utf8_argument, warn)
 from .pair_choice import load_pair_from_options
 from .textfile import MAX_TEXT_BYTES, read_at_most, read_text_file, text_limit
 
@@ -61,6 +61,7 @@ def use_chat_template(pair, raw: bool, use_chat: bool) -> bool:
 @click.option("--stats", "show_stats", is_flag=True, help="Print a statistics line on stderr.")
 @pair_options
 @sampler_options
+@shaping_options
 @reasoning_option
 @handle_errors
 def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json, show_stats, reasoning, **opts):
@@ -77,8 +78,10 @@ def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json
     stop = [utf8_argument(s, "--stop") for s in stop]
     if raw and (use_chat or system is not None):   # before a model loads
         use_chat_template(None, raw, True)
+    check_shaping_options(opts)
     pair = load_pair_from_options(opts, use_default_pair=True)
     try:
+        shaping = shaping_from_options(opts, pair.target)
         if use_chat_template(pair, raw, use_chat or system is not None):
             from ..conversation import chat_prompt
 
@@ -89,7 +92,7 @@ def run(prompt, prompt_option, prompt_file, raw, use_chat, system, stop, as_json
         from ..reasoning import ThinkSplitter
 
         splitter, pieces, thinking = ThinkSplitter(starts_inside) if source is not text else None, [], []
-        for piece in pair.stream(source, stop=list(stop), **sampler_kwargs(opts)):
+        for piece in pair.stream(source, stop=list(stop), shaping=shaping, **sampler_kwargs(opts)):
             for part in splitter.feed(piece.text) if splitter else [piece]:
                 if getattr(part, "kind", "content") == "reasoning":   # the thinking: on stderr, apart from the answer
                     thinking.append(part.text)

@@ -26,8 +26,10 @@ from .pair_choice import load_pair_from_options
 @click.option("--max-queue", type=Bounded("max_queue"), default=16, show_default=True,
               help="Requests that may wait while the running ones generate; beyond that: 429.")
 @click.option("-np", "--parallel", type=Bounded("parallel"), default=1, show_default=True,
-              help="Requests generated together, each in its own slot with n_ctx / N tokens; one target pass "
-                   "verifies every slot's draft (attention targets with a draft model, lookup or none).")
+              help="Requests generated together (llama.cpp's -np), each in its own slot with -c / N tokens; one "
+                   "target pass verifies every slot's draft. Attention and hybrid targets with a draft model, prompt "
+                   "lookup, the MTP head or no drafter; EAGLE-3 / DFlash drafters and recurrent drafts serve one "
+                   "request at a time (a warning says why).")
 @click.option("--max-body-bytes", type=Bounded("max_body_bytes"), default=4 << 20, show_default=True,
               help="Largest request body accepted (413 beyond).")
 @click.option("--shutdown-timeout", type=Bounded("shutdown_timeout"), default=10.0, show_default=True,

@@ -15,8 +15,9 @@ from ..errors import RegistryError
 from .entries import HUB_URL, ModelRef, PairEntry
 
 DISK_MARGIN_BYTES = 256 * 2**20   # left free after a download
+CONNECT_TIMEOUT_S = 10
 _TRUE = ("1", "ON", "YES", "TRUE")
-
+_reached: set[str] = set()        # endpoints that answered in this process
 
 def hf_cache_dir() -> Path:
     """huggingface_hub's cache folder, read from the environment now (not when huggingface_hub was imported)."""
@@ -35,6 +36,26 @@ def hub_offline() -> bool:
 
 def hub_endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", HUB_URL).rstrip("/")
+
+
+def check_reachable(what: str) -> None:
+    """One request to the hub, without huggingface_hub's retries (five, 27 s in all, a log line each): a machine
+    that cannot reach it hears so at once, in one RegistryError line saying how to go on without it. Any HTTP
+    answer, even an error status, means it is reachable; each endpoint is asked once per process."""
+    endpoint = hub_endpoint()
+    if endpoint in _reached:
+        return
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    constants.HF_HUB_OFFLINE = False   # read once at import by huggingface_hub: this is asked only when online
+    try:
+        get_session().head(endpoint, timeout=CONNECT_TIMEOUT_S)
+    except _transport_errors() as e:
+        raise RegistryError(f"cannot reach {endpoint} to {what} ({type(e).__name__}); use a local file "
+                            "(-m FILE.gguf), or set HF_HUB_OFFLINE=1 to use a model already in the Hugging Face "
+                            "cache") from None
+    _reached.add(endpoint)
 
 
 def cached_path(ref: ModelRef) -> Path | None:
@@ -59,11 +80,18 @@ def fetch(ref: ModelRef) -> Path:
         return _existing_local(ref)
     from huggingface_hub import constants, hf_hub_download
 
-    cache, offline = hf_cache_dir(), hub_offline()
+    cache, offline, cached = hf_cache_dir(), hub_offline(), cached_path(ref) is not None
+    if not offline:
+        try:
+            check_reachable(f"download {ref.file} from {ref.repo}")
+        except RegistryError:
+            if not cached:
+                raise
+            offline = True   # the copy in the cache, without asking the hub for a newer one
     # huggingface_hub reads HF_HUB_OFFLINE once, at import: follow the environment as it is now
     constants.HF_HUB_OFFLINE = offline
     with _hub_errors(ref):
-        if not offline and cached_path(ref) is None:
+        if not offline and not cached:
             _check_disk_space(ref, cache)
         path = hf_hub_download(ref.repo, ref.file, revision=ref.revision, cache_dir=str(cache),
                                endpoint=hub_endpoint(), local_files_only=offline)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..errors import RegistryError
 from ..kinds import KINDS
-from .download import _hub_errors, hf_cache_dir, hub_endpoint, hub_offline
+from .download import _hub_errors, check_reachable, hf_cache_dir, hub_endpoint, hub_offline
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
 # drafter kind -> the file name part that marks its sidecar in a repo, in llama.cpp's order of preference when the
@@ -27,7 +27,11 @@ SIDECAR_PREFIXES = {kind: KINDS[kind].sidecar for kind in ("mtp", "dflash", "eag
 _NOT_MODELS = ("mmproj", "imatrix", *SIDECAR_PREFIXES.values(), "dspark-")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# the hub's own rule (huggingface_hub's validate_repo_id): letters, digits, '-', '_', '.'; neither part starts or
+# ends with '-' or '.'; no '--' or '..'; a name of at most 96 characters
+_REPO_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
+_REPO = re.compile(f"{_REPO_PART}/{_REPO_PART}")
+MAX_REPO_NAME = 96
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,17 @@ class HfChoice:
 def split_repo_tag(spec: str) -> tuple[str, str]:
     """"owner/name:Q4_K_M" -> ("owner/name", "Q4_K_M"); no tag -> ""."""
     repo, _, tag = spec.partition(":")
+    shown = spec if len(spec) <= 120 else spec[:100] + "..."
     if not _REPO.fullmatch(repo) or ":" in tag:
-        raise RegistryError(f"{spec!r} is not a Hugging Face repo: expected OWNER/NAME[:QUANT], e.g. "
+        raise RegistryError(f"{shown!r} is not a Hugging Face repo: expected OWNER/NAME[:QUANT] (letters, digits, "
+                            "'-', '_', '.'; neither part starting or ending with '-' or '.'), e.g. "
                             "ggml-org/Qwen3.6-27B-GGUF:Q4_K_M")
+    if "--" in repo or ".." in repo:
+        raise RegistryError(f"{shown!r} is not a Hugging Face repo: a repo id holds no '--' or '..'")
+    name = repo.split("/")[1]
+    if len(name) > MAX_REPO_NAME:
+        raise RegistryError(f"{shown!r} is not a Hugging Face repo: its name has {len(name)} characters, the hub "
+                            f"allows {MAX_REPO_NAME}")
     return repo, tag
 
 
@@ -107,12 +119,13 @@ def best_sibling(files: list[RepoFile], model: str, keyword: str, tag: str = "")
 
 
 def list_gguf_files(repo: str, revision: str | None = None) -> list[RepoFile]:
-    """The repo's .gguf files: from the hub, or (offline, or when the hub cannot be reached) from the local cache."""
+    """The repo's .gguf files: from the hub, or (offline) from the local cache."""
     if not hub_offline():
         from huggingface_hub import HfApi, constants
 
         from .registry import ModelRef
 
+        check_reachable(f"list the files of {repo}")
         constants.HF_HUB_OFFLINE = False   # read once at import by huggingface_hub: follow the environment now
         with _hub_errors(ModelRef(repo=repo, file="(file list)", revision=revision)):
             tree = HfApi(endpoint=hub_endpoint()).list_repo_tree(repo, revision=revision, recursive=True)

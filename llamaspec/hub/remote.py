@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import RegistryError
 from ..gguf.reader import HeaderIncomplete, ModelInfo, parse_header
-from .download import _hub_errors, cached_path, hub_endpoint, hub_offline
+from .download import _hub_errors, cached_path, check_reachable, hub_endpoint, hub_offline
 
 FIRST_READ = 2**20
 TIMEOUT_S = 60
@@ -23,7 +23,10 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 def read_header(ref) -> ModelInfo:
     """The header of a ModelRef's file: from the local copy when there is one, else read remotely."""
     from ..gguf.reader import read_model_info
+    from .download import _existing_local
 
+    if ref.is_local:   # a models.toml `path`: there is nothing to read remotely
+        return read_model_info(_existing_local(ref))
     local = cached_path(ref)
     if local is not None:
         return read_model_info(local)
@@ -37,6 +40,7 @@ def read_remote_header(ref) -> ModelInfo:
     """Parse the GGUF header of `ref` (a repo + file) from byte ranges of its resolve URL."""
     from huggingface_hub import hf_hub_url
 
+    check_reachable(f"read the header of {ref.file} from {ref.repo}")
     url = hf_hub_url(ref.repo, ref.file, revision=ref.revision, endpoint=hub_endpoint())
     label = Path(ref.repo) / ref.file
     with _hub_errors(ref):
