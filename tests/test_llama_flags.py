@@ -112,7 +112,7 @@ def test_penalties_reach_the_request_in_run_and_chat(tiny_models, streamed):
     assert streamed[0]["shaping"] is None      # nothing asked: the unshaped fast path
 
 
-@pytest.mark.parametrize("value, fragment", [("0", "repeat_penalty"), ("nan", "repeat_penalty"), ("11", "(0, 10]")])
+@pytest.mark.parametrize("value, fragment", [("0", "repeat_penalty"), ("nan", "repeat_penalty"), ("11", "[0.01, 10]")])
 def test_a_bad_penalty_is_one_line_before_anything_loads(tmp_path, value, fragment):
     one_line_error(invoke(["run", "-m", tmp_path / "absent.gguf", "--repeat-penalty", value, "Hi"]), fragment,
                    code=2)
