@@ -572,6 +572,13 @@ class Engine:
         or more slots, the batch policy chooses for those whose policy is auto (policy/batch.py); alone, or with
         another policy, a slot's own policy chooses. Clamped so that all slots' runs fit in one batch and a rejection
         stays within what the target's memory can undo (k_cap)."""
+        if len(active) == 1:   # alone: the slot's own policy, within its room, its budget, one batch
+            s = active[0]
+            room = s.seq.n_ctx - len(s.history) - 1
+            k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1,
+                        self.target.k_cap), 0)
+            s.together = False
+            return {s.index: (k, not k and room > 0 and self.pair.speculative and s.hooks.shadow_len() > 0)}
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
         caps = [max(min(room, s.max_tokens - s.n_out - 1, share, self.target.k_cap), 0)
