@@ -231,6 +231,7 @@ class BatchEngine:
                 slot.pieces.append(Piece(text, None, False))
             slot.stats.finish_reason = reason
             slot.stats.time_total = time.perf_counter() - slot.t_start
+            slot.stats.end_reply()
             slot.done = True
             slot.todo = []
 

@@ -269,6 +269,7 @@ class Pair:
             seconds, replayed = self._rollback_totals()
             stats.time_rollback = seconds - rollback_before[0]
             stats.tokens_replayed = replayed - rollback_before[1]
+            stats.end_reply()
 
     def _device_sampling(self, cfg: SamplerConfig | None, rng: np.random.Generator) -> bool:
         """Filter on the device (llama.cpp's sampler chains) when every context prefers it and can run it;
