@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ["LLAMASPEC_NO_REPACK"] = "1"
 
 from support.gguf_factory import find_vocab_dir, make_tiny_model  # noqa: E402
-from support.llama_asserts import find_llama_src  # noqa: E402
+from support.home import HOME_VARS, UNSET_VARS, locate_shared_resources, point_home_at  # noqa: E402
 from support.sigterm import (pytest_configure, pytest_runtest_call, pytest_runtest_setup,  # noqa: E402,F401
                              pytest_runtest_teardown, pytest_unconfigure)
 
@@ -42,40 +42,8 @@ REAL_SMOLLM = "smollm2-135m-instruct-q4_1.gguf"
 REAL_GEMMA = "gemma-3-270m-q4_k_m.gguf"
 
 
-# -- the real home: what the tests read from it, found before HOME moves ----------------------------------------
-def _locate_shared_resources() -> None:
-    home = Path.home()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache")
-    if os.environ.get("LLAMASPEC_TEST_MODELS"):
-        os.environ["LLAMASPEC_TEST_MODELS"] = str(Path(os.environ["LLAMASPEC_TEST_MODELS"]).expanduser())
-    os.environ.setdefault("LLAMASPEC_LLAMA_TOOLS", str(home / ".cache" / "llamaspec" / "llama-tools" / "bin"))
-    os.environ.setdefault("LLAMASPEC_VOCAB_DIR", str(cache / "llamaspec" / "vocab"))   # read, and filled once
-    if not os.environ.get("LLAMASPEC_LLAMA_SRC"):
-        src = find_llama_src()
-        if src is not None:
-            os.environ["LLAMASPEC_LLAMA_SRC"] = str(src)
-
-
-_locate_shared_resources()
-
-# The variables that say where a program writes for its user; each points into a temp folder during the tests.
-HOME_VARS = {"HOME": ".", "USERPROFILE": ".", "XDG_DATA_HOME": ".local/share", "XDG_CONFIG_HOME": ".config",
-             "XDG_CACHE_HOME": ".cache", "XDG_STATE_HOME": ".local/state", "APPDATA": "AppData/Roaming",
-             "LOCALAPPDATA": "AppData/Local", "HF_HOME": ".cache/huggingface"}
-# llamaspec's and Hugging Face's own overrides of those folders: unset, so that they follow HOME_VARS
-UNSET_VARS = ("LLAMASPEC_CONFIG_DIR", "LLAMASPEC_CHAT_DIR", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
-
-
-def user_dirs(home: Path) -> dict[str, str]:
-    return {var: str((home / sub).resolve()) for var, sub in HOME_VARS.items()}
-
-
-def _point_home_at(home: Path, setenv, delenv) -> None:
-    for var, path in user_dirs(home).items():
-        Path(path).mkdir(parents=True, exist_ok=True)
-        setenv(var, path)
-    for var in UNSET_VARS:
-        delenv(var)
+# -- the user's folders --------------------------------------------------------------------------------------------
+locate_shared_resources()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -83,7 +51,7 @@ def session_home(tmp_path_factory) -> Path:
     """A temp home for the session's fixtures and the processes they start."""
     home = tmp_path_factory.mktemp("home")
     saved = {var: os.environ.get(var) for var in (*HOME_VARS, *UNSET_VARS)}
-    _point_home_at(home, os.environ.__setitem__, lambda var: os.environ.pop(var, None))
+    point_home_at(home, os.environ.__setitem__, lambda var: os.environ.pop(var, None))
     yield home
     for var, value in saved.items():
         if value is None:
@@ -96,7 +64,7 @@ def session_home(tmp_path_factory) -> Path:
 def temp_home(session_home, monkeypatch) -> Path:
     """A fresh temp home for each test (beside the test's own tmp_path, which it leaves empty)."""
     home = Path(tempfile.mkdtemp(prefix="home-", dir=session_home.parent))
-    _point_home_at(home, monkeypatch.setenv, lambda var: monkeypatch.delenv(var, raising=False))
+    point_home_at(home, monkeypatch.setenv, lambda var: monkeypatch.delenv(var, raising=False))
     return home
 
 
