@@ -51,6 +51,7 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert pair._batch.target.decode_calls < sum(c.stats.target_passes for c in expected)
 
 
+@pytest.mark.slow
 def test_more_prompts_than_slots_each_get_their_own_reply(pair):
     """Five prompts through two slots, each with its own length and stop string: nothing lost or mixed up."""
     requests = [dict(max_tokens=8 + 3 * i, stop=["\n\n"]) for i in range(len(PROMPTS))]
@@ -61,6 +62,7 @@ def test_more_prompts_than_slots_each_get_their_own_reply(pair):
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "none"])
+@pytest.mark.slow
 def test_lookup_and_plain_pairs_batch_too(tiny_models, drafter):
     draft = None if drafter == "none" else tiny_models["noisy"]
     with load_pair(tiny_models["target"], draft, drafter="lookup", policy="fixed", draft_max=3, **SETTINGS) as p:
@@ -76,6 +78,7 @@ def decided_together(engine, k_max: int) -> bool:
     return engine.policy.decided > 0 and engine.policy.slot_steps > 0 and max(engine.policy.model.sizes) > k_max + 1
 
 
+@pytest.mark.slow
 def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
     """With the auto policy the batch's lengths are chosen together (policy/batch.py): other lengths than alone,
     the same tokens."""
@@ -123,6 +126,7 @@ def shared_ctx_pos_max(shared, seq) -> int:
     return llama_cpp.llama_memory_seq_pos_max(shared.memory, seq.seq_id)
 
 
+@pytest.mark.slow
 def test_sampled_tokens_under_concurrency_follow_the_target_distribution(pair):
     """The first sampled token of 160 requests, four at a time with their own seeds, each beside others in the
     same passes (accepted from the draft or drawn on a rejection): chi-square against the target's filtered row."""
