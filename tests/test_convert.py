@@ -285,6 +285,7 @@ def test_align_trims_padding(models, tmp_path):
     generate(models["target"], out)
 
 
+@pytest.mark.slow
 def test_trim_then_pad_gives_the_weights_back_and_drafts_well(models, tmp_path):
     padded = models["padded128"]
     assert_ok(run_script("align_vocab.py", padded, models["target"], tmp_path / "trimmed.gguf"))

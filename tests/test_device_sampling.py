@@ -63,6 +63,7 @@ def test_device_and_numpy_filters_agree_on_the_same_logits(ctx, cfg):
     ctx.set_device_sampler(None)
 
 
+@pytest.mark.slow
 def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx):
     """The same row decoded again and again: each decode's draw is new (llama.cpp replays uncommitted draws of
     several-output contexts) and the draws follow the returned probabilities."""
