@@ -103,6 +103,7 @@ def test_a_logits_eval_detaches_the_device_sampler(ctx):
     np.testing.assert_allclose(row, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_engine_filters_on_the_device_for_draft_and_target_together(models, monkeypatch):
     with load_pair(models["target"], models["draft"], n_ctx=256, policy="fixed", draft_max=3, no_repack=True,
                    n_threads=2) as pair:
@@ -121,6 +122,7 @@ def test_engine_filters_on_the_device_for_draft_and_target_together(models, monk
 @pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8),
                                  SamplerConfig(0.7, top_p=0.9, min_p=0.02, order="llama.cpp")],
                          ids=["top_k", "top_p", "llama.cpp-order"])
+@pytest.mark.slow
 def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeypatch, device, cfg):
     """Speculative sampling (3 drafted tokens, a draft that disagrees often) on either path: the first token
     follows the target's filtered distribution, by chi-square at the 0.1% level."""
