@@ -302,6 +302,7 @@ def test_trim_then_pad_gives_the_weights_back_and_drafts_well(models, tmp_path):
     assert stats.drafted > 0 and stats.acceptance_rate > 0.8
 
 
+@pytest.mark.slow
 def test_align_quantized_embeddings_keep_their_type(models, tmp_path):
     quantized = tmp_path / "draft-q4_0.gguf"
     assert_ok(run_script("quantize.py", models["draft"], quantized, "--type", "Q4_0"))
@@ -391,6 +392,7 @@ def test_quantize_q8_0_has_q8_0_matrices(models, tmp_path):
     assert generate(models["target"], out)
 
 
+@pytest.mark.slow
 def test_quantize_q4_k_m_mixes_q4_k_and_q6_k(models, tmp_path):
     out = tmp_path / "q4km.gguf"
     assert_ok(run_script("quantize.py", models["wide"], out, "--type", "Q4_K_M"))
@@ -418,6 +420,7 @@ def test_quantize_bad_input_gives_one_line(models, tmp_path, args, fragment):
     assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_quantize_refuses_a_quantized_input_unless_asked(models, tmp_path):
     q8 = tmp_path / "q8.gguf"
     assert_ok(run_script("quantize.py", models["draft"], q8, "--type", "Q8_0"))
