@@ -276,6 +276,7 @@ def test_own_embeddings_head_and_a_reduced_vocabulary(models):
 
 # -- sampling: exactly the target's distribution -----------------------------------------------------------------
 @pytest.mark.parametrize("draft", ["eagle3-noisy", "dflash-emulate"])
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution_of_the_first_token(models, draft):
     """EAGLE-3 drafts from its own distribution q; DFlash drafts argmaxes, q = a point mass. Either way the first
     emitted token (accepted draft, or a residual draw after a rejection) follows the target's p."""
