@@ -223,6 +223,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
 
 @pytest.mark.parametrize("device", ["0", "1"])
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+@pytest.mark.slow
 def test_sampled_tokens_after_a_rollback_follow_the_target_distribution(pairs, arch, device, monkeypatch):
     """The joint law of the first two tokens: with a disagreeing one-token draft the second token is mostly
     sampled after the first draft token was rejected and the recurrent state went back. Filtered by numpy (0) and
@@ -271,6 +272,7 @@ def continue_matches_fresh(pairs, pair, arch, prompt):
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+@pytest.mark.slow
 def test_device_filtering_follows_rollbacks_and_replays(pairs, arch, monkeypatch):
     """Long sampled replies on llama.cpp's sampler chain with a draft that is mostly rejected: every restore and
     replay (a single token included) lands at the right positions, and the caches end as recorded."""
