@@ -139,6 +139,7 @@ def test_device_argmax_can_be_turned_off(tiny_models, monkeypatch):
     ctx.close(), model.close()
 
 
+@pytest.mark.slow
 def test_greedy_uses_device_argmax_and_sampling_does_not(tiny_models, monkeypatch):
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=512, no_repack=True,
                      policy="fixed", draft_max=4)

@@ -171,7 +171,7 @@ def test_a_memory_that_cannot_roll_back_refuses_speculation_and_runs_plainly(arc
 # ---------------------------------------------------------------------------------------------------------------
 # the last two: a hybrid whose checkpoints carry its sliding-window KV; an attention target with a hybrid draft
 DRAFTS = [("qwen35", "qwen35"), ("qwen3next", "qwen3next"), ("mamba2", "mamba2"), ("llama", "llama"),
-          ("lfm2", "lfm2"), ("llama", "qwen35")]
+          pytest.param("lfm2", "lfm2", marks=pytest.mark.slow), ("llama", "qwen35")]
 
 
 @pytest.mark.parametrize("target, draft", DRAFTS)

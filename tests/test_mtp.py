@@ -339,6 +339,7 @@ def test_spec_type_names_map_onto_drafter_kinds():
         chosen_drafter({"drafter": "lookup", "spec_type": "draft-mtp"})
 
 
+@pytest.mark.slow
 def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
     """benchmarks/synthetic/synth_mtp.py --preset tiny: the head is right on a known fraction a of the vocabulary, so
     with k=3 a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""

@@ -45,6 +45,7 @@ def check_answer(r, field: str) -> None:
         assert "\n" not in error["message"] and "Traceback" not in r.text
 
 
+@pytest.mark.slow
 def test_numeric_request_fields_get_an_answer_or_a_4xx(server):
     rss_before = server.rss_kib()
     with httpx.Client(timeout=60) as http:
