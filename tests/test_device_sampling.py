@@ -145,6 +145,7 @@ def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeyp
     assert_follows(counts, p)
 
 
+@pytest.mark.slow
 def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     """Attaching a chain costs llama.cpp a graph re-reserve: the same filters keep theirs. From a seed the draws
     are exactly a fresh chain's (the first chain was attached with seed 7); without a seed they are new each time."""
@@ -176,6 +177,7 @@ def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     ctx.set_device_sampler(None)
 
 
+@pytest.mark.slow
 def test_requests_keep_their_chains_and_seeded_ones_repeat(models, monkeypatch):
     """Draft and target keep their chains from request to request (no graph re-reserve): without a seed they draw
     afresh; with one, both follow it (a draft drawing the same in every request would bias the output across

@@ -38,7 +38,8 @@ def test_identical_draft_accepts_everything(same_pair):
     assert c.stats.mean_accepted_length > 4.0
 
 
-@pytest.mark.parametrize("prompt", [PROMPTS[0], *(pytest.param(p, marks=pytest.mark.slow) for p in PROMPTS[1:])])
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.slow
 def test_greedy_speculative_equals_plain_decoding(noisy_pair, prompt):
     expected = plain(noisy_pair, prompt, max_tokens=64)
     for policy in (FixedPolicy(1), FixedPolicy(5), make_policy("threshold"), make_policy("auto")):

@@ -124,6 +124,7 @@ def assert_head_cache_is_the_one_pass_cache(pair):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_head_cache_stays_consistent_over_rollbacks_turns_and_regenerations(model_dir, arch):
     path = make_mtp_model(arch, model_dir, head="random")
     turn2 = None
