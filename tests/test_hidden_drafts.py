@@ -204,6 +204,7 @@ def assert_draft_cache_is_the_one_pass_cache(pair, target, draft):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_the_draft_cache_stays_the_one_pass_cache_over_rollbacks_turns_and_cancels(models, kind):
     """Random drafts (their attention over the cache matters, so a wrong entry shows in their logits): after
     rejected drafts and a chunked prompt, a next turn, a regeneration inside the cached text, a cancelled stream, a
