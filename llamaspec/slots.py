@@ -533,6 +533,7 @@ class Engine:
             self.target.finish(slot)
         finally:
             slot.stats.time_total = time.perf_counter() - slot.t_start
+            slot.stats.end_reply()   # drafts past where the reply stopped do not count
 
     def _fail(self, slot: Slot, error: Exception) -> None:
         slot.error, slot.stats.finish_reason = error, "error"

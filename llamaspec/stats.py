@@ -26,9 +26,12 @@ class GenerationStats:
     tokens_replayed: int = 0        # tokens decoded again after a checkpoint restore (recurrent memories)
     shadow_probes: int = 0          # plain steps on which the drafter proposed a token only to be judged (auto)
     finish_reason: str | None = None
+    # the last step: tokens generated before it, drafted, accepted (a reply may stop inside it: end_reply)
+    _last_step: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
 
     def record_step(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One draft-verify step: `drafted` proposed, `accepted` kept."""
+        """One draft-verify step: `drafted` proposed, `accepted` kept. Call it before the step's tokens are
+        counted in `tokens_generated`."""
         self.target_passes += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -37,6 +40,25 @@ class GenerationStats:
         if drafted:
             self.accepted_lengths[accepted] += 1
         self.draft_lengths[drafted] += 1
+        self._last_step = (self.tokens_generated, drafted, accepted)
+
+    def end_reply(self) -> None:
+        """The reply has ended. Where it stopped inside the last step's accepted draft tokens (a stop string, an
+        end-of-generation token), the draft tokens past that point were verified for nothing that was sent: the
+        step counts as drafting and accepting the `kept` draft tokens the reply holds, so accepted <= generated."""
+        before, drafted, accepted = self._last_step
+        kept = self.tokens_generated - before
+        if not drafted or kept > accepted:
+            return
+        self.drafted -= drafted - kept
+        self.accepted -= accepted - kept
+        self.accepted_lengths[accepted] -= 1
+        self.accepted_lengths[kept] += 1
+        self.draft_lengths[drafted] -= 1
+        self.draft_lengths[kept] += 1
+        self.accepted_lengths += Counter()   # drop the lengths no step has now
+        self.draft_lengths += Counter()
+        self._last_step = (self.tokens_generated, kept, kept)
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,7 +75,8 @@ class GenerationStats:
 
     @property
     def decode_time(self) -> float:
-        """Generation time after the prompt was processed."""
+        """Generation time: from the end of the prefill to the last token. The first verification decodes the
+        prompt's last token with the first draft, so every generated token's work lies in this span."""
         return max(self.time_total - self.time_prefill, 1e-9)
 
     @property
@@ -68,6 +91,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["_last_step"]
         d["accepted_lengths"] = {str(k): v for k, v in sorted(self.accepted_lengths.items())}
         d["draft_lengths"] = {str(k): v for k, v in sorted(self.draft_lengths.items())}
         for name in ("acceptance_rate", "mean_accepted_length", "tokens_per_second", "time_other", "python_overhead"):

@@ -13,6 +13,7 @@ import pytest
 from support.arch_models import make_arch_model
 from support.chisq import assert_follows
 from support.mtp_models import make_mtp_model, split_mtp_head
+from support.near_tie import assert_same_or_near_tie
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
 from llamaspec.slots import batch_support
@@ -50,6 +51,7 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert pair._shared.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)
 
 
+@pytest.mark.slow
 def test_more_prompts_than_slots_each_get_their_own_reply(pair):
     """Five prompts through two slots, each with its own length and stop string: nothing lost or mixed up."""
     requests = [dict(max_tokens=8 + 3 * i, stop=["\n\n"]) for i in range(len(PROMPTS))]
@@ -60,6 +62,7 @@ def test_more_prompts_than_slots_each_get_their_own_reply(pair):
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "none"])
+@pytest.mark.slow
 def test_lookup_and_plain_pairs_batch_too(tiny_models, drafter):
     draft = None if drafter == "none" else tiny_models["noisy"]
     with load_pair(tiny_models["target"], draft, drafter="lookup", policy="fixed", draft_max=3, **SETTINGS) as p:
@@ -75,6 +78,7 @@ def decided_together(engine, k_max: int) -> bool:
     return engine.policy.decided > 0 and engine.policy.slot_steps > 0 and max(engine.policy.model.sizes) > k_max + 1
 
 
+@pytest.mark.slow
 def test_greedy_auto_batch_equals_each_prompt_alone(tiny_models):
     """With the auto policy the batch's lengths are chosen together (policy/batch.py): other lengths than alone,
     the same tokens."""
@@ -122,6 +126,7 @@ def shared_ctx_pos_max(shared, seq) -> int:
     return llama_cpp.llama_memory_seq_pos_max(shared.memory, seq.seq_id)
 
 
+@pytest.mark.slow
 def test_sampled_tokens_under_concurrency_follow_the_target_distribution(pair):
     """The first sampled token of 160 requests, four at a time with their own seeds, each beside others in the
     same passes (accepted from the draft or drawn on a rejection): chi-square against the target's filtered row."""
@@ -402,7 +407,8 @@ def test_greedy_batch_equals_alone_on_the_real_pair(real_models):
         prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):"]
         expected = alone(p, prompts, max_tokens=16)
         got = p.generate_batch(prompts, max_tokens=16)
-        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        for prompt, g, e in zip(prompts, got, expected):   # a real model's near-ties may round either way
+            assert_same_or_near_tie(p.target_ctx, p.tokenize(prompt), g.tokens, e.tokens)
         assert sum(c.stats.accepted for c in got) > 0
 
 
@@ -415,7 +421,8 @@ def test_greedy_auto_batch_equals_alone_on_the_real_pair(real_models):
         prompts = [PROMPTS[0], PROMPTS[2], "class LRUCache:\n    def __init__(self, capacity):", PROMPTS[4]]
         expected = alone(p, prompts, max_tokens=24)
         got = p.generate_batch(prompts, max_tokens=24)
-        assert [c.tokens for c in got] == [c.tokens for c in expected]
+        for prompt, g, e in zip(prompts, got, expected):
+            assert_same_or_near_tie(p.target_ctx, p.tokenize(prompt), g.tokens, e.tokens)
         assert decided_together(p._shared, 6), p._shared.policy.describe()
         assert sum(c.stats.accepted for c in got) > 0
 

@@ -62,6 +62,7 @@ def test_run_prints_generated_text(tiny_models):
     assert result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_run_json_has_text_finish_reason_and_stats(tiny_models):
     result = invoke(["run", *pair_args(tiny_models), "Hello there", "-n", "8", "--json"])
     assert result.exit_code == 0, result.output
@@ -71,6 +72,7 @@ def test_run_json_has_text_finish_reason_and_stats(tiny_models):
     assert {"acceptance_rate", "mean_accepted_length", "tokens_per_second", "time_to_first_token"} <= set(data["stats"])
 
 
+@pytest.mark.slow
 def test_run_greedy_text_is_the_same_with_and_without_draft(tiny_models):
     args = ["run", "-m", tiny_models["target"], *N_CTX, "def quicksort(arr):", "-n", "24", "--json"]
     plain = json.loads(invoke([*args, "--no-draft"]).stdout)
@@ -79,6 +81,7 @@ def test_run_greedy_text_is_the_same_with_and_without_draft(tiny_models):
     assert spec["text"] == plain["text"]
 
 
+@pytest.mark.slow
 def test_run_reads_the_same_prompt_from_argument_file_and_stdin(tiny_models, tmp_path):
     prompt = "The history of the printing press"
     (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
@@ -89,6 +92,7 @@ def test_run_reads_the_same_prompt_from_argument_file_and_stdin(tiny_models, tmp
     assert len(texts) == 1
 
 
+@pytest.mark.slow
 def test_run_answers_with_the_chat_template_and_raw_continues_the_text(tiny_models):
     base = ["run", *pair_args(tiny_models), "Hi", "-n", "2", "--json"]
     raw = json.loads(invoke([*base, "--raw"]).stdout)["stats"]["prompt_tokens"]
@@ -203,6 +207,7 @@ def test_debug_flag_shows_the_traceback(tmp_path):
 
 
 @pytest.mark.skipif(supports_gpu_offload(), reason="this llama-cpp-python build can offload to a GPU")
+@pytest.mark.slow
 def test_gpu_layers_on_a_cpu_build_warn_and_run_on_the_cpu(tiny_models):
     result = invoke(["run", *pair_args(tiny_models), "-ngl", "8", "Hello", "-n", "4"])
     assert result.exit_code == 0, result.output
@@ -216,6 +221,7 @@ def test_gpu_layers_on_a_cpu_build_warn_and_run_on_the_cpu(tiny_models):
 CACHED = re.compile(r"first token [\d.]+ s \((\d+)/(\d+) prompt tokens cached\)")
 
 
+@pytest.mark.slow
 def test_chat_second_turn_reuses_the_cached_conversation(tiny_models):
     result = invoke(["chat", *pair_args(tiny_models), "-n", "8"], input="Hello\nTell me more\n/exit\n")
     assert result.exit_code == 0, result.output
@@ -270,6 +276,7 @@ def test_chat_end_of_input_exits_cleanly(tiny_models):
     assert result.exit_code == 0 and not result.stderr.strip()
 
 
+@pytest.mark.slow
 def test_chat_message_that_is_not_utf8_is_refused_and_the_session_goes_on(tiny_models):
     result = invoke(["chat", "-m", tiny_models["target"], *N_CTX, "-n", "2"], input=b"hi \xff\nhello\n")
     assert result.exit_code == 0, result.output
@@ -277,6 +284,7 @@ def test_chat_message_that_is_not_utf8_is_refused_and_the_session_goes_on(tiny_m
     assert "2 tokens" in result.stdout  # the next message got its reply
 
 
+@pytest.mark.slow
 def test_chat_reply_that_fills_the_context_says_so_and_offers_reset(tiny_models):
     # llama.cpp rounds contexts up to a multiple of 256: a long system prompt leaves room for ~30 tokens
     result = invoke(["chat", "-m", tiny_models["target"], "-c", "256", "--system", "word " * 220],
@@ -293,6 +301,7 @@ def test_chat_message_longer_than_context_keeps_the_session(tiny_models):
     assert len(CACHED.findall(result.stdout)) == 1    # the short message after it still gets a reply
 
 
+@pytest.mark.slow
 def test_chat_interrupted_reply_keeps_partial_text_and_a_consistent_cache(tiny_models):
     """Ctrl-C (KeyboardInterrupt) mid-reply: the partial reply stays in history, and the next turn generates
     exactly what a fresh pair generates for the same history."""
@@ -334,6 +343,7 @@ def prompt_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_bench_json_schema(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "8",
                      "--k", "1,3", "--policies", "auto,threshold", "--json", "--repeats", "2"])
@@ -360,6 +370,7 @@ def test_bench_json_schema(tiny_models, prompt_file):
     assert 0.0 <= k3["acceptance_rate"] <= 1.0 and k3["drafted"] > 0
 
 
+@pytest.mark.slow
 def test_bench_table_shows_command_models_hardware_and_every_mode(tiny_models, prompt_file):
     result = invoke(["bench", *pair_args(tiny_models), "--prompts", prompt_file, "-n", "4", "--no-warmup"])
     assert result.exit_code == 0, result.output
@@ -382,6 +393,7 @@ def test_bench_csv_has_a_header_and_one_row_per_mode(tiny_models, prompt_file):
     assert lines[1].startswith("plain,") and lines[2].startswith("k=2,fixed,2,")
 
 
+@pytest.mark.slow
 def test_bench_temperature_sweep_reports_each_mode_at_each_temperature(tiny_models, prompt_file):
     args = ["bench", *pair_args(tiny_models, "noisy"), "--prompts", prompt_file, "-n", "6", "--k", "2",
             "--temps", "0,0.8,1.5", "--top-k", "20", "--no-warmup", "--repeats", "1"]

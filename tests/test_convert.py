@@ -115,6 +115,7 @@ def models(tiny_models, vocab_dir, tmp_path_factory) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------------------------
 # prune_draft.py
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_prune_keep_first_loads_and_decodes(models, tmp_path):
     out = tmp_path / "first1.gguf"
     assert_ok(run_script("prune_draft.py", models["target"], out, "--keep-first", "1"))
@@ -124,6 +125,7 @@ def test_prune_keep_first_loads_and_decodes(models, tmp_path):
     generate(out)
 
 
+@pytest.mark.slow
 def test_prune_renumbers_blocks_and_per_block_arrays(models, tmp_path):
     out = tmp_path / "layers03.gguf"
     assert_ok(run_script("prune_draft.py", models["deep"], out, "--layers", "0,3"))
@@ -139,6 +141,7 @@ def test_prune_renumbers_blocks_and_per_block_arrays(models, tmp_path):
     generate(out)
 
 
+@pytest.mark.slow
 def test_prune_drop_last_equals_keep_first(models, tmp_path):
     assert_ok(run_script("prune_draft.py", models["deep"], tmp_path / "a.gguf", "--drop-last", "1"))
     assert_ok(run_script("prune_draft.py", models["deep"], tmp_path / "b.gguf", "--keep-first", "3"))
@@ -148,6 +151,7 @@ def test_prune_drop_last_equals_keep_first(models, tmp_path):
 
 
 @pytest.mark.parametrize("variant, how", [("idle_last", ["--drop-last", "1"]), ("idle_middle", ["--layers", "0,2,3"])])
+@pytest.mark.slow
 def test_dropping_a_block_that_adds_nothing_keeps_the_output(models, tmp_path, variant, how):
     out = tmp_path / "pruned.gguf"
     assert_ok(run_script("prune_draft.py", models[variant], out, *how))
@@ -156,6 +160,7 @@ def test_dropping_a_block_that_adds_nothing_keeps_the_output(models, tmp_path, v
     assert generate(out, max_tokens=8, prompt=prompt) == generate(models[variant], max_tokens=8, prompt=prompt)
 
 
+@pytest.mark.slow
 def test_pruned_draft_of_a_real_block_changes_the_output(models, tmp_path):
     # the control for the test above: the same prune of the unmodified model is not a no-op
     out = tmp_path / "pruned.gguf"
@@ -240,6 +245,7 @@ def test_zero_bytes_decode_to_zeros_in_every_type():
     assert checked >= 20
 
 
+@pytest.mark.slow
 def test_align_pads_draft_to_pass_the_pair_check(models, tmp_path):
     target, out = models["padded256"], tmp_path / "aligned.gguf"
     assert "vocabulary sizes differ" in pair_mismatch(read_model_info(target), read_model_info(models["draft"]))
@@ -267,6 +273,7 @@ def test_align_pads_scores_of_a_sentencepiece_vocabulary(models, tmp_path):
     generate(models["spm_padded"], out)
 
 
+@pytest.mark.slow
 def test_align_trims_padding(models, tmp_path):
     out = tmp_path / "trimmed.gguf"
     assert_ok(run_script("align_vocab.py", models["padded128"], models["target"], out))
@@ -278,6 +285,7 @@ def test_align_trims_padding(models, tmp_path):
     generate(models["target"], out)
 
 
+@pytest.mark.slow
 def test_trim_then_pad_gives_the_weights_back_and_drafts_well(models, tmp_path):
     padded = models["padded128"]
     assert_ok(run_script("align_vocab.py", padded, models["target"], tmp_path / "trimmed.gguf"))
@@ -294,6 +302,7 @@ def test_trim_then_pad_gives_the_weights_back_and_drafts_well(models, tmp_path):
     assert stats.drafted > 0 and stats.acceptance_rate > 0.8
 
 
+@pytest.mark.slow
 def test_align_quantized_embeddings_keep_their_type(models, tmp_path):
     quantized = tmp_path / "draft-q4_0.gguf"
     assert_ok(run_script("quantize.py", models["draft"], quantized, "--type", "Q4_0"))
@@ -383,6 +392,7 @@ def test_quantize_q8_0_has_q8_0_matrices(models, tmp_path):
     assert generate(models["target"], out)
 
 
+@pytest.mark.slow
 def test_quantize_q4_k_m_mixes_q4_k_and_q6_k(models, tmp_path):
     out = tmp_path / "q4km.gguf"
     assert_ok(run_script("quantize.py", models["wide"], out, "--type", "Q4_K_M"))
@@ -410,6 +420,7 @@ def test_quantize_bad_input_gives_one_line(models, tmp_path, args, fragment):
     assert not (tmp_path / "o.gguf").exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_quantize_refuses_a_quantized_input_unless_asked(models, tmp_path):
     q8 = tmp_path / "q8.gguf"
     assert_ok(run_script("quantize.py", models["draft"], q8, "--type", "Q8_0"))

@@ -63,6 +63,7 @@ def test_device_and_numpy_filters_agree_on_the_same_logits(ctx, cfg):
     ctx.set_device_sampler(None)
 
 
+@pytest.mark.slow
 def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx):
     """The same row decoded again and again: each decode's draw is new (llama.cpp replays uncommitted draws of
     several-output contexts) and the draws follow the returned probabilities."""
@@ -102,6 +103,7 @@ def test_a_logits_eval_detaches_the_device_sampler(ctx):
     np.testing.assert_allclose(row, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_engine_filters_on_the_device_for_draft_and_target_together(models, monkeypatch):
     with load_pair(models["target"], models["draft"], n_ctx=256, policy="fixed", draft_max=3, no_repack=True,
                    n_threads=2) as pair:
@@ -120,6 +122,7 @@ def test_engine_filters_on_the_device_for_draft_and_target_together(models, monk
 @pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8),
                                  SamplerConfig(0.7, top_p=0.9, min_p=0.02, order="llama.cpp")],
                          ids=["top_k", "top_p", "llama.cpp-order"])
+@pytest.mark.slow
 def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeypatch, device, cfg):
     """Speculative sampling (3 drafted tokens, a draft that disagrees often) on either path: the first token
     follows the target's filtered distribution, by chi-square at the 0.1% level."""
@@ -142,6 +145,7 @@ def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeyp
     assert_follows(counts, p)
 
 
+@pytest.mark.slow
 def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     """Attaching a chain costs llama.cpp a graph re-reserve: the same filters keep theirs. From a seed the draws
     are exactly a fresh chain's (the first chain was attached with seed 7); without a seed they are new each time."""
@@ -173,6 +177,7 @@ def test_a_chain_with_the_same_filters_stays_attached_and_restarts(ctx):
     ctx.set_device_sampler(None)
 
 
+@pytest.mark.slow
 def test_requests_keep_their_chains_and_seeded_ones_repeat(models, monkeypatch):
     """Draft and target keep their chains from request to request (no graph re-reserve): without a seed they draw
     afresh; with one, both follow it (a draft drawing the same in every request would bias the output across

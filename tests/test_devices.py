@@ -77,6 +77,7 @@ def test_rpc_without_rpc_build_says_how_to_get_it():
         backend.add_rpc_servers("127.0.0.1:50052")
 
 
+@pytest.mark.slow
 def test_unknown_device_is_named_in_the_error(tiny_models):
     with pytest.raises(ModelLoadError, match=r"no device named 'CUDA7' \(devices: .*CPU"):
         Model(tiny_models["target"], ModelConfig(devices=("CUDA7",), no_repack=True))
@@ -89,6 +90,7 @@ def test_tensor_split_mode_without_gpus_is_one_error(tiny_models):
         Model(tiny_models["target"], ModelConfig(split_mode="tensor", no_repack=True))
 
 
+@pytest.mark.slow
 def test_no_devices_runs_on_the_cpu(tiny_models):
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), n_ctx=256, devices=(), no_repack=True,
                      policy="fixed", draft_max=3)
@@ -137,6 +139,7 @@ def test_device_argmax_can_be_turned_off(tiny_models, monkeypatch):
     ctx.close(), model.close()
 
 
+@pytest.mark.slow
 def test_greedy_uses_device_argmax_and_sampling_does_not(tiny_models, monkeypatch):
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=512, no_repack=True,
                      policy="fixed", draft_max=4)

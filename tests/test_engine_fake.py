@@ -167,6 +167,31 @@ def test_stats_count_what_happened():
     assert s.to_dict()["acceptance_rate"] == s.acceptance_rate
 
 
+def test_drafts_count_only_up_to_where_the_reply_stopped():
+    """A stop string inside an accepted run: the draft tokens verified past it are not in the reply, so they are
+    neither drafted nor accepted for it (accepted <= generated)."""
+    pair = fake_pair(0.0, FixedPolicy(4))
+    full = pair.generate(PROMPT, max_tokens=5)
+    assert full.stats.target_passes == 1 and (full.stats.drafted, full.stats.accepted) == (4, 4)
+    second = pair.detokenize(full.tokens[1:2])   # the fake's token text "<n>" is unique within the reply
+    assert second not in pair.detokenize(full.tokens[:1])
+
+    c = pair.generate(PROMPT, max_tokens=5, stop=[second])
+    s = c.stats
+    assert c.finish_reason == "stop" and s.tokens_generated == 2
+    assert (s.drafted, s.accepted) == (2, 2) and s.accepted <= s.tokens_generated
+    assert s.accepted_lengths == {2: 1} and s.draft_lengths == {2: 1}
+    assert s.to_dict()["acceptance_rate"] == 1.0
+
+
+def test_drafts_count_only_up_to_an_accepted_end_of_generation_token():
+    expected = plain_pair().generate(PROMPT, max_tokens=3).tokens
+    pair = fake_pair(0.0, FixedPolicy(4), eog=expected[1])   # the second token ends the reply (not emitted)
+    s = pair.generate(PROMPT, max_tokens=5).stats
+    assert s.finish_reason == "stop" and s.tokens_generated == 2
+    assert (s.drafted, s.accepted) == (2, 2)
+
+
 def test_prompt_lookup_drafts_repeated_text():
     target = FakeModel()
     pair = Pair(target, FakeContext(target), make_drafter("lookup", target), FixedPolicy(4))

@@ -1,6 +1,6 @@
 """The engine on the real Qwen2.5-Coder pair (1.5B target, 0.5B draft) and two unrelated tiny real models.
 
-Skipped with a reason when LLAMASPEC_TEST_MODELS does not point at the files made by fetch-test-models.
+Skipped with a reason when LLAMASPEC_TEST_MODELS does not point at the files made by tests/support/fetch_models.py.
 """
 import numpy as np
 import pytest

@@ -39,6 +39,7 @@ def test_identical_draft_accepts_everything(same_pair):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.slow
 def test_greedy_speculative_equals_plain_decoding(noisy_pair, prompt):
     expected = plain(noisy_pair, prompt, max_tokens=64)
     for policy in (FixedPolicy(1), FixedPolicy(5), make_policy("threshold"), make_policy("auto")):
@@ -48,11 +49,13 @@ def test_greedy_speculative_equals_plain_decoding(noisy_pair, prompt):
     noisy_pair.set_policy(FixedPolicy(3))
 
 
+@pytest.mark.slow
 def test_noisy_draft_is_accepted_sometimes(noisy_pair):
     c = noisy_pair.generate(PROMPTS[1], max_tokens=64)
     assert 0.05 < c.stats.acceptance_rate < 0.98
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible(noisy_pair):
     a = noisy_pair.generate(PROMPTS[2], max_tokens=32, temperature=1.0, seed=11)
     b = noisy_pair.generate(PROMPTS[2], max_tokens=32, temperature=1.0, seed=11)

@@ -214,6 +214,7 @@ def test_mutated_headers_are_read_or_refused_never_crash(seeds, tmp_path_factory
 
 @settings(max_examples=examples(300), **LOAD_FUZZ_SETTINGS)
 @given(data=st.data(), rnd=st.randoms(use_true_random=False))
+@pytest.mark.slow
 def test_mutated_models_the_reader_accepts_load_without_aborting(seeds, worker, tmp_path_factory, data, rnd):
     name = data.draw(st.sampled_from(sorted(seeds)))
     m = mutate(seeds[name], rnd, structured_only=True)

@@ -204,6 +204,7 @@ def assert_draft_cache_is_the_one_pass_cache(pair, target, draft):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_the_draft_cache_stays_the_one_pass_cache_over_rollbacks_turns_and_cancels(models, kind):
     """Random drafts (their attention over the cache matters, so a wrong entry shows in their logits): after
     rejected drafts and a chunked prompt, a next turn, a regeneration inside the cached text, a cancelled stream, a
@@ -276,6 +277,7 @@ def test_own_embeddings_head_and_a_reduced_vocabulary(models):
 
 # -- sampling: exactly the target's distribution -----------------------------------------------------------------
 @pytest.mark.parametrize("draft", ["eagle3-noisy", "dflash-emulate"])
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution_of_the_first_token(models, draft):
     """EAGLE-3 drafts from its own distribution q; DFlash drafts argmaxes, q = a point mass. Either way the first
     emitted token (accepted draft, or a residual draw after a rejection) follows the target's p."""

@@ -171,7 +171,7 @@ def test_a_memory_that_cannot_roll_back_refuses_speculation_and_runs_plainly(arc
 # ---------------------------------------------------------------------------------------------------------------
 # the last two: a hybrid whose checkpoints carry its sliding-window KV; an attention target with a hybrid draft
 DRAFTS = [("qwen35", "qwen35"), ("qwen3next", "qwen3next"), ("mamba2", "mamba2"), ("llama", "llama"),
-          ("lfm2", "lfm2"), ("llama", "qwen35")]
+          pytest.param("lfm2", "lfm2", marks=pytest.mark.slow), ("llama", "qwen35")]
 
 
 @pytest.mark.parametrize("target, draft", DRAFTS)
@@ -223,6 +223,7 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
 
 @pytest.mark.parametrize("device", ["0", "1"])
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+@pytest.mark.slow
 def test_sampled_tokens_after_a_rollback_follow_the_target_distribution(pairs, arch, device, monkeypatch):
     """The joint law of the first two tokens: with a disagreeing one-token draft the second token is mostly
     sampled after the first draft token was rejected and the recurrent state went back. Filtered by numpy (0) and
@@ -271,6 +272,7 @@ def continue_matches_fresh(pairs, pair, arch, prompt):
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+@pytest.mark.slow
 def test_device_filtering_follows_rollbacks_and_replays(pairs, arch, monkeypatch):
     """Long sampled replies on llama.cpp's sampler chain with a draft that is mostly rejected: every restore and
     replay (a single token included) lands at the right positions, and the caches end as recorded."""

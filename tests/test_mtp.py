@@ -63,8 +63,9 @@ def plain_tokens(path, prompt, n):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("drafter, k, p_min", [("mtp", 1, 0.0), ("mtp", 3, 0.0), ("mtp", 3, 0.3),
-                                               ("lookup+mtp", 3, 0.0)])
+@pytest.mark.parametrize("drafter, k, p_min", [pytest.param("mtp", 1, 0.0, marks=pytest.mark.slow), ("mtp", 3, 0.0),
+                                               ("mtp", 3, 0.3),
+                                               pytest.param("lookup+mtp", 3, 0.0, marks=pytest.mark.slow)])
 def test_greedy_output_equals_plain_decoding_with_accepted_drafts(model_dir, arch, drafter, k, p_min):
     # p_min 0: llama.cpp takes the head's argmax on the device; p_min > 0: its logits come out for the stop rule
     path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
@@ -126,6 +127,7 @@ def assert_head_cache_is_the_one_pass_cache(pair):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_head_cache_stays_consistent_over_rollbacks_turns_and_regenerations(model_dir, arch):
     path = make_mtp_model(arch, model_dir, head="random")
     turn2 = None
@@ -148,6 +150,7 @@ def test_head_cache_stays_consistent_over_rollbacks_turns_and_regenerations(mode
 
 @pytest.mark.parametrize("device", ["0", "1"])
 @pytest.mark.parametrize("arch", ["glm4moe", "qwen35"])
+@pytest.mark.slow
 def test_sampling_keeps_the_target_distribution_of_the_first_two_tokens(model_dir, arch, device, monkeypatch):
     """Filtered in numpy (0) or by llama.cpp's sampler chains on target and head (1: the device path, here on the
     CPU backend): the head's q comes with the device's draw."""
@@ -340,6 +343,7 @@ def test_spec_type_names_map_onto_drafter_kinds():
         chosen_drafter({"drafter": "lookup", "spec_type": "draft-mtp"})
 
 
+@pytest.mark.slow
 def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
     """benchmarks/synthetic/synth_mtp.py --preset tiny: the head is right on a known fraction a of the vocabulary, so
     with k=3 a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""

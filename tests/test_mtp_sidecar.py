@@ -85,6 +85,7 @@ def test_a_kind_the_file_cannot_draft_as_is_refused_in_one_line(asked, file_kind
     assert "\n" not in str(e.value) and "d.gguf" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_head_file_drafts_like_the_head_inside_the_model(files):
     full, trunk, head = files
     plain, _, _ = generate(trunk)
@@ -95,6 +96,7 @@ def test_a_head_file_drafts_like_the_head_inside_the_model(files):
     assert stats.accepted > 0 and stats.accepted == stats_inside.accepted   # the same head, drafting the same
 
 
+@pytest.mark.slow
 def test_a_head_file_beside_the_target_is_found(files):
     _, trunk, _ = files
     found, kind, stats = generate(trunk, drafter="mtp")          # --spec-type draft-mtp, no -md

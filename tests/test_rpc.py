@@ -72,6 +72,7 @@ def rpc_server():
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_target_on_an_rpc_server_gives_the_same_text(tiny_models, rpc_server):
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(TOOLS), PYTHONPATH=str(Path(__file__).parents[1]))
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_models["target"]), str(tiny_models["noisy"]),

@@ -164,8 +164,8 @@ def test_tool_messages_reach_the_template_with_parsed_arguments():
 # -- timings and metrics -----------------------------------------------------------------------------------------
 def _stats() -> GenerationStats:
     s = GenerationStats(policy="auto", prompt_tokens=100, prompt_tokens_cached=40, tokens_generated=21,
-                        target_passes=8, drafted=20, accepted=13, time_to_first_token=0.5, time_total=2.5,
-                        finish_reason="stop")
+                        target_passes=8, drafted=20, accepted=13, time_prefill=0.59, time_to_first_token=0.7,
+                        time_total=2.69, finish_reason="stop")
     s.accepted_lengths = Counter({0: 2, 1: 1, 3: 2, 4: 1})
     return s
 
@@ -173,14 +173,39 @@ def _stats() -> GenerationStats:
 def test_timings_have_llama_servers_names_and_meaning():
     t = timings(_stats())
     assert t["cache_n"] == 40 and t["prompt_n"] == 60
-    assert t["prompt_ms"] == pytest.approx(500) and t["prompt_per_second"] == pytest.approx(120)
-    assert t["prompt_per_token_ms"] == pytest.approx(500 / 60)
-    assert t["predicted_n"] == 21 and t["predicted_ms"] == pytest.approx(2000)
+    # the prefill decoded 59 of the 60 (the first verification decodes the last with the first draft)
+    assert t["prompt_ms"] == pytest.approx(590) and t["prompt_per_second"] == pytest.approx(100)
+    assert t["prompt_per_token_ms"] == pytest.approx(10)
+    # generation: from the end of the prefill, every token's work included
+    assert t["predicted_n"] == 21 and t["predicted_ms"] == pytest.approx(2100)
     assert t["predicted_per_token_ms"] == pytest.approx(100) and t["predicted_per_second"] == pytest.approx(10)
     assert (t["draft_n"], t["draft_n_accepted"]) == (20, 13)
     assert t["draft_acceptance"] == pytest.approx(0.65) and t["policy"] == "auto"
-    plain = timings(GenerationStats(prompt_tokens=5, tokens_generated=1, time_to_first_token=0.1, time_total=0.1))
-    assert "draft_n" not in plain and plain["predicted_per_second"] == 0.0
+    plain = timings(GenerationStats(prompt_tokens=5, tokens_generated=1, time_prefill=0.08, time_to_first_token=0.1,
+                                    time_total=0.1))
+    assert "draft_n" not in plain and plain["predicted_per_second"] == pytest.approx(50)
+
+
+def test_a_reply_that_ends_in_its_first_step_reports_that_steps_rate():
+    """Four tokens from one verification of 120 ms after a 400 ms prefill; the reply ends 0.3 ms after its first
+    token. The rate is the step's (4 / 0.12 s), not one from the 0.3 ms after the first token."""
+    s = GenerationStats(policy="fixed", prompt_tokens=11, tokens_generated=4, target_passes=1, drafted=3, accepted=3,
+                        time_prefill=0.4, time_to_first_token=0.52, time_total=0.5203, finish_reason="length")
+    t = timings(s)
+    assert t["predicted_n"] == 4 and t["predicted_ms"] == pytest.approx(120.3)
+    assert t["predicted_per_second"] == pytest.approx(4 / 0.1203)
+    assert t["predicted_per_token_ms"] == pytest.approx(120.3 / 4)
+    assert t["prompt_ms"] == pytest.approx(400) and t["prompt_per_second"] == pytest.approx(10 / 0.4)
+
+
+def test_a_rate_is_zero_where_its_span_decoded_nothing():
+    cached = timings(GenerationStats(prompt_tokens=30, prompt_tokens_cached=29, tokens_generated=3,
+                                     time_prefill=0.0002, time_to_first_token=0.05, time_total=0.15))
+    assert cached["prompt_n"] == 1 and cached["prompt_per_second"] == 0.0 and cached["prompt_per_token_ms"] == 0.0
+    assert cached["predicted_per_second"] == pytest.approx(3 / 0.1498)
+    before_any = timings(GenerationStats(prompt_tokens=30, time_total=0.2, finish_reason="cancelled"))
+    assert before_any["predicted_n"] == 0 and before_any["predicted_ms"] == 0.0
+    assert before_any["predicted_per_second"] == 0.0 and before_any["prompt_ms"] == pytest.approx(200)
 
 
 def test_metrics_carry_llama_cpps_speculative_counters():

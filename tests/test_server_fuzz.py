@@ -59,6 +59,7 @@ def fuzz_request_fields(server) -> None:
                     check_answer(r, field)
 
 
+@pytest.mark.slow
 def test_numeric_request_fields_get_an_answer_or_a_4xx(server):
     rss_before = server.rss_kib()
     fuzz_request_fields(server)

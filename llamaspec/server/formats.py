@@ -100,7 +100,8 @@ class ResponseFormat:
         return self._envelope(self.chunk_object, [choice], **extra)
 
     def usage_chunk(self, stats) -> dict:
-        return self._envelope(self.chunk_object, [], usage=usage(stats))
+        """The last chunk with stream_options.include_usage; it carries the timings too, as llama-server's does."""
+        return self._envelope(self.chunk_object, [], usage=usage(stats), timings=timings(stats))
 
 
 def reasoning_field(reasoning: str) -> dict:

@@ -71,8 +71,8 @@ class ServerMetrics:
                               "Seconds from the start of generation to the first token (prompt processing included).",
                               buckets=TTFT_BUCKETS, registry=r)
         self.token_latency = Histogram(p + "time_per_output_token_seconds",
-                                       "Mean seconds per generated token after the first, one observation per "
-                                       "request.", buckets=TOKEN_LATENCY_BUCKETS, registry=r)
+                                       "Mean seconds per generated token after the prefill, one observation "
+                                       "per request.", buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram(p + "queue_wait_seconds", "Seconds a request waited for the model.",
                                     buckets=TTFT_BUCKETS, registry=r)
         # llama-server's names (tools/server/server-task.cpp) where the meaning is the same; a "draft" is one
@@ -114,9 +114,8 @@ class ServerMetrics:
             self.cancelled.inc()
         if stats.tokens_generated:
             self.ttft.observe(stats.time_to_first_token)
-        if stats.tokens_generated > 1:
-            after_first = stats.time_total - stats.time_to_first_token
-            self.token_latency.observe(max(after_first, 0.0) / (stats.tokens_generated - 1))
+        if stats.tokens_generated:   # the generation span holds every token's work (timings.py says why)
+            self.token_latency.observe(stats.decode_time / stats.tokens_generated)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -34,12 +34,11 @@ def write_out(writer: GGUFWriter) -> None:
 
 
 def find_vocab_dir() -> Path | None:
-    """Where llama.cpp's vocab-only GGUFs are: $LLAMASPEC_VOCAB_DIR, the user cache, or the llama-cpp-python sdist
-    fetched with pip (cached afterwards). None when none of these works (offline, no pip)."""
+    """Where llama.cpp's vocab-only GGUFs are: $LLAMASPEC_VOCAB_DIR, else the user cache, or the llama-cpp-python
+    sdist fetched with pip (kept in that folder afterwards). None when none of these works (offline, no pip)."""
     env = os.environ.get("LLAMASPEC_VOCAB_DIR")
-    if env and all((Path(env) / v).exists() for v in VOCAB_FILES):
-        return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamaspec" / "vocab"
+    user_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    cache = Path(env) if env else user_cache / "llamaspec" / "vocab"
     if all((cache / v).exists() for v in VOCAB_FILES):
         return cache
     try:
