@@ -29,7 +29,8 @@ MESSAGES = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "co
 @pytest.fixture
 def session(tmp_path) -> ChatSession:
     model = tiny_llama().write(tmp_path / "model.gguf")
-    pair = SimpleNamespace(target=SimpleNamespace(path=model, info=read_model_info(model)), draft=None, n_ctx=N_CTX)
+    pair = SimpleNamespace(target=SimpleNamespace(path=model, info=read_model_info(model)), draft=None, n_ctx=N_CTX,
+                           tokenize=lambda text, add_special=True: list(text.encode()))   # /load counts tokens
     chat = ChatSession(pair, None, {"max_tokens": None, "temperature": 0.0})
     chat.messages = [dict(m) for m in MESSAGES]
     return chat
