@@ -4,7 +4,7 @@ how the policy prices a draft). A new kind is its module under drafters/ plus on
 
 What drafts is a kind's `Source` (prompt, draft model, MTP head, hidden states): how its context opens, whether that
 context is the target's, which draft file it needs, what `check` plans for it, whether it batches. loading.py,
-batch.py, the server and `check` ask the source; a new source is one `Source` here plus how its context opens
+slots.py, the server and `check` ask the source; a new source is one `Source` here plus how its context opens
 (loading.py, and its context class in backend/).
 
 This module imports nothing of llamaspec's but errors: config.py and the CLI read it at start-up.
@@ -40,7 +40,7 @@ class Source:
     plan: str          # what `llamaspec check` plans for its memory beside the target: "none", "model" (the draft
     #                    file as a second model: weights, KV cache, compute) or "head" (the MTP head's line: its KV
     #                    cache and compute over the target's, a head file's weights; gguf.memory.mtp_head_memory)
-    batches: bool      # drafts for several sequences of one batch (batch.py); hidden-state drafts follow the
+    batches: bool      # drafts for several sequences of one batch (slots.py); hidden-state drafts follow the
     #                    target one sequence at a time
 
     @property
@@ -96,7 +96,7 @@ class DrafterKind:
 
     @property
     def batches(self) -> bool:
-        """Whether it drafts for several sequences of one batch (batch.py): prompt lookup, draft models and MTP
+        """Whether it drafts for several sequences of one batch (slots.py): prompt lookup, draft models and MTP
         heads do (a head sequence per slot); an EAGLE-3 / DFlash draft follows the target's hidden states one
         sequence at a time."""
         return self.source.batches

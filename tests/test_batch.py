@@ -1,4 +1,4 @@
-"""Several sequences in one target pass (batch.py, backend/sequences.py): each prompt's output is the one it gets
+"""Several sequences in one target pass (slots.py SharedTarget, backend/sequences.py): each prompt's output is the one it gets
 alone, sampled tokens keep the target's distribution, each sequence rolls back on its own, and pairs that cannot
 batch say why and run one prompt at a time.
 

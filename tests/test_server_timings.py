@@ -1,6 +1,6 @@
 """`timings` and the speculation counts on short replies, through a real server (tiny models on loopback): a draft
 with the target's weights is always accepted, so a fixed draft length of 4 makes five tokens in one verification.
-Alone (-np 1, Pair.generate) and in slots (-np 2, batch.py)."""
+Alone (-np 1, Pair.generate) and in slots (-np 2, shared contexts: slots.py)."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@ tokens with their distributions when sampling, learn how many were accepted) and
 
 Drafters know nothing about acceptance rules, policies or the target's cache (the MTP, EAGLE-3 and DFlash drafters
 follow the target's decodes, through the target context's `on_decode`, not its cache). For several sequences at
-once (batch.py) a draft model drafts through batched.py and an MTP head through batched_mtp.py (which follows a
+once (slots.py) a draft model drafts through batched.py and an MTP head through batched_mtp.py (which follows a
 shared target context's `on_runs`). Nothing here imports the backend: the contexts drafters decode with, the
 batched MTP head's included, are made in backend/ and handed in.
 """
