@@ -7,6 +7,7 @@ import pytest
 
 from support.chisq import assert_follows
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
+from support.near_tie import assert_same_or_near_tie
 from llamaspec import load_pair
 from llamaspec.drafters import common_prefix_len
 from llamaspec.errors import IncompatiblePairError
@@ -39,9 +40,6 @@ PROSE_PROMPTS = [
     "In 1969, the Apollo 11 mission",
     "Why is the sky blue? The short answer is",
 ]
-# Batched and one-token decoding may round differently; a divergence is allowed only at a near-tie.
-NEAR_TIE = 0.05
-
 
 @pytest.fixture(scope="module")
 def real_pair(real_models):
@@ -65,21 +63,16 @@ def test_greedy_speculative_output_equals_plain_decoding(real_pair, prompt):
     real_pair.set_policy(FixedPolicy(4))
     spec = real_pair.generate(prompt, max_tokens=128)
     assert spec.stats.drafted > 0
-    if spec.tokens == plain.tokens:
-        return
-    i = common_prefix_len(spec.tokens, plain.tokens)
-    logits = target_logits_after(real_pair, real_pair.tokenize(prompt) + plain.tokens[:i])
-    top2 = np.sort(logits)[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE, (
-        f"divergence at token {i} where the target's top-2 logits differ by {top2[1] - top2[0]:.4f}")
-    assert {spec.tokens[i], plain.tokens[i]} <= set(np.argsort(logits)[-2:].tolist())
+    # batched and one-token decoding round differently: a divergence only at a near-tie measured there
+    assert_same_or_near_tie(real_pair.target_ctx, real_pair.tokenize(prompt), spec.tokens, plain.tokens)
 
 
 def test_auto_policy_output_equals_plain_decoding(real_pair):
     real_pair.set_policy(FixedPolicy(0))
     plain = real_pair.generate(CODE_PROMPTS[0], max_tokens=96)
     real_pair.set_policy(make_policy("auto"))
-    assert real_pair.generate(CODE_PROMPTS[0], max_tokens=96).tokens == plain.tokens
+    spec = real_pair.generate(CODE_PROMPTS[0], max_tokens=96)
+    assert_same_or_near_tie(real_pair.target_ctx, real_pair.tokenize(CODE_PROMPTS[0]), spec.tokens, plain.tokens)
 
 
 @pytest.mark.parametrize("device", ["0", "1"], ids=["numpy", "device"])
