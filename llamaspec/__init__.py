@@ -18,7 +18,8 @@ The house, bottom up; a layer imports only from the layers below it:
 5. drafters/ (where draft tokens come from: the Drafter contract, a module per kind, their batched forms) and
    policy/ (how many to draft). Neither imports backend/: a drafter is handed its context.
 6. slots.py: the engine. N slots and one speculative step for all of them (draft, verify, accept, roll back,
-   learn, emit text); the pair's own contexts are one slot (LoneTarget), shared contexts several (SharedTarget).
+   learn, emit text). targets.py, above it: where the slots' sequences live, behind the contract the engine calls:
+   the pair's own contexts are one slot (LoneTarget), shared contexts several (SharedTarget).
 7. engine.py (Pair: the models, the policy, the front-ends generate / stream / chat / generate_batch), loading.py
    (load_pair), conversation.py, tree.py, bench/.
 8. server/ (HTTP; worker.py feeds the engine), hub/ (named pairs, downloads), cli/ (click only).

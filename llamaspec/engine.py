@@ -19,9 +19,9 @@ from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_
 from .policy.calibration import measure_costs
 from .sampling import OPENAI, SamplerConfig
 from .shaping import Shaping
-from .slots import (Completion, Engine, LoneTarget, SharedTarget, Slot, batch_support, generate_batch,  # noqa: F401
-                    shadow_acceptance)
+from .slots import Completion, Engine, Slot, generate_batch, shadow_acceptance  # noqa: F401
 from .stats import GenerationStats
+from .targets import LoneTarget, SharedTarget, batch_support  # noqa: F401
 from .text import Piece, StopMatcher  # noqa: F401  (re-exported)
 
 

@@ -4,7 +4,7 @@ how the policy prices a draft). A new kind is its module under drafters/ plus on
 
 What drafts is a kind's `Source` (prompt, draft model, MTP head, hidden states): how its context opens, whether that
 context is the target's, which draft file it needs, what `check` plans for it, whether it batches. loading.py,
-slots.py, the server and `check` ask the source; a new source is one `Source` here plus how its context opens
+targets.py, the server and `check` ask the source; a new source is one `Source` here plus how its context opens
 (loading.py, and its context class in backend/).
 
 This module imports nothing of llamaspec's but errors: config.py and the CLI read it at start-up.
@@ -127,6 +127,12 @@ def file_source(file_kind: str | None) -> Source:
     """What drafts with a draft file that selects `file_kind` (gguf.spec_kind: a kind's name, None for a draft
     model)."""
     return KINDS[file_kind].source if file_kind is not None else DRAFT_MODEL
+
+
+def source_of(drafter: str) -> Source | None:
+    """What drafts for a pair drafting with `drafter` (a kind's name), None for "none"."""
+    kind = KINDS.get(drafter)
+    return kind.source if kind is not None else None
 
 
 def drafter_kind(name: str) -> DrafterKind:

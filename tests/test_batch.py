@@ -1,4 +1,4 @@
-"""Several sequences in one target pass (slots.py SharedTarget, backend/sequences.py): each prompt's output is the one it gets
+"""Several sequences in one target pass (targets.py SharedTarget, backend/sequences.py): each prompt's output is the one it gets
 alone, sampled tokens keep the target's distribution, each sequence rolls back on its own, and pairs that cannot
 batch say why and run one prompt at a time.
 
@@ -16,7 +16,7 @@ from support.mtp_models import make_mtp_model, split_mtp_head
 from support.near_tie import assert_same_or_near_tie
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
-from llamaspec.slots import batch_support
+from llamaspec.targets import batch_support
 from llamaspec.errors import InvalidParameterError, UnsupportedModelError
 from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filtered_probs
@@ -360,7 +360,7 @@ def test_an_mtp_head_files_pair_shrinks_and_still_batches(arch_dir, tmp_path):
     """serve --parallel with a head file (mtp-*.gguf beside the trunk): the pair's own target and head contexts are
     remade at one batch (the head's over the target's new context) and the pair still drafts alone; the engine's
     head context runs the head file's model, which stays open when the engine closes."""
-    from llamaspec.slots import shrink_own_contexts
+    from llamaspec.targets import shrink_own_contexts
 
     trunk, head_file = tmp_path / "tiny.gguf", tmp_path / "mtp-tiny.gguf"
     split_mtp_head(mtp_target(arch_dir), trunk, head_file)
@@ -443,7 +443,7 @@ def test_shrinking_the_pairs_own_contexts_frees_their_kv_memory(real_models):
 
     from conftest import REAL_SMOLLM
     from llamaspec.backend.native import llama_cpp
-    from llamaspec.slots import shrink_own_contexts
+    from llamaspec.targets import shrink_own_contexts
     from llamaspec.gguf.memory import Settings, kv_cache_bytes
 
     if not sys.platform.startswith("linux"):

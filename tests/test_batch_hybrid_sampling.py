@@ -8,7 +8,7 @@ import numpy as np
 from support.arch_models import make_arch_model, require_test_llama_archs
 from support.chisq import assert_follows
 from llamaspec import load_pair
-from llamaspec.slots import batch_support
+from llamaspec.targets import batch_support
 from llamaspec.sampling import SamplerConfig, filtered_probs
 
 SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from support.mtp_models import make_mtp_model
 from llamaspec import load_pair
-from llamaspec.slots import batch_support
+from llamaspec.targets import batch_support
 from llamaspec.drafters.mtp import HiddenRing
 
 SETTINGS = dict(n_ctx=256, n_batch=64, no_repack=True, n_threads=1, flash_attn="off")

@@ -32,7 +32,7 @@ except ImportError:
     import peers
     from bench_engine import CODE, PROSE, hardware
 from llamaspec import load_pair  # noqa: E402
-from llamaspec.slots import batch_support  # noqa: E402
+from llamaspec.targets import batch_support  # noqa: E402
 from llamaspec.errors import LlamaspecError  # noqa: E402
 from llamaspec.gguf.reader import read_model_info  # noqa: E402
 from llamaspec.gguf.spec_kind import spec_kind  # noqa: E402

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..chat_template import ChatTemplate
 from ..errors import Cancelled, InvalidParameterError, LlamaspecError
-from ..slots import batch_support, shrink_own_contexts
+from ..targets import batch_support, shrink_own_contexts
 from ..interrupt import cancel_when
 from ..shaping import Penalties, Shaping
 from .apierror import APIError
@@ -73,7 +73,7 @@ class _Running:
 
 class Worker:
     """Runs up to `parallel` jobs together in the pair's engine; at most `max_queue` wait beyond them. A pair that
-    cannot share a pass (slots.batch_support) serves one at a time; `parallel_note` says why."""
+    cannot share a pass (targets.batch_support) serves one at a time; `parallel_note` says why."""
 
     def __init__(self, pair, metrics: ServerMetrics, max_queue: int, template: ChatTemplate | None = None,
                  template_defaults: dict | None = None, parallel: int = 1):

@@ -1,0 +1,366 @@
+"""Where the sequences live: the two targets behind the engine's contract (slots.py).
+
+- `LoneTarget`: the pair's own contexts, one slot. Everything a single sequence can do: checkpoint rollback and turn
+  checkpoints on recurrent and hybrid targets, device-side argmax and sampling, tree verification, every drafter kind
+  (EAGLE-3, DFlash, recurrent draft models). A prompt is prefilled whole (stoppable: interrupt.py).
+- `SharedTarget`: n_seq sequences over one shared target context (backend/sequences.py) and one shared drafter (a
+  draft model: drafters/batched.py; an MTP head, a head sequence per slot: drafters/batched_mtp.py); one decode holds
+  every slot's run and a bounded chunk of a joining prompt (`prefill_chunk` tokens), so a new request never stalls
+  the others for more than one chunk. Verification reads host rows. Which pairs share a pass: `batch_support`.
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+
+from .drafters import PromptLookupDrafter, common_prefix_len
+from .drafters.base import Draft
+from .drafters.batched import DraftJob, SeqDraft, propose_all
+from .errors import InvalidParameterError
+from .kinds import KINDS, Source, source_of
+from .policy import Hooks
+from .sampling import SamplerConfig, Sampling
+from .slots import Slot
+
+BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
+DEFAULT_PREFILL_CHUNK = 128
+
+
+def _source(pair) -> Source | None:
+    return source_of(pair.drafter_kind)
+
+
+def batch_support(pair) -> str | None:
+    """None when `pair` can run several sequences in one pass; otherwise why it cannot (its requests then take turns
+    on the pair's own contexts)."""
+    from .backend.sequences import batchable
+
+    if pair.drafter_kind not in BATCHED_DRAFTERS:
+        return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
+    why = batchable(pair.target_ctx, pair.speculative)
+    draft = pair.draft_ctx.model if pair.draft_ctx is not None and _source(pair).own_context else None
+    if why is None and draft is not None and (draft.is_recurrent or draft.is_hybrid):
+        why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
+               "sequence after one-token drafting steps")
+    return why
+
+
+def shrink_own_contexts(pair) -> None:
+    """Remake the pair's own target and draft-model contexts with room for one batch (n_ctx = their n_batch),
+    freeing the rest of their KV caches, for a pair whose requests all run in a shared engine's contexts
+    (serve --parallel): those then hold the only full-size caches. Call it before the shared engine is made, so the
+    full-size caches are never held twice. The pair still generates alone (within one batch of tokens); its
+    policy, measured costs, batch size and settings stay. An MTP head's context, made over the target's, is freed
+    first and made again over the target's new one (at its size)."""
+    head = pair.draft_ctx if pair.speculative and _source(pair).shares_target_context else None
+    follow = pair.target_ctx.on_decode   # an MTP drafter follows the target through it
+    if head is not None:
+        head.release()
+    for ctx in (pair.target_ctx, pair.draft_ctx if head is None else None):
+        if ctx is not None and ctx.n_ctx > ctx.n_batch:
+            ctx.remake(ctx.n_batch)
+    if head is not None:
+        head.remake_over_target()
+    pair.target_ctx.on_decode = follow
+    pair.reset()
+
+
+# -- where the sequences live ------------------------------------------------------------------------------------
+class LoneTarget:
+    """The pair's own target context and drafter, one slot (see the module docstring)."""
+
+    n_seq = 1
+    recurrent = False   # one slot: the batch policy's common width never applies
+
+    def __init__(self, pair):
+        self.pair, self.ctx, self.drafter = pair, pair.target_ctx, pair.drafter
+        self.n_batch = self.k_cap = self.ctx.n_batch   # longer drafts than the snapshots reach save a checkpoint
+        self.slots = [Slot(0, self.ctx)]
+        self._scratch = np.zeros((0, pair.n_vocab), np.float32)
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def contexts(self) -> tuple:
+        return (self.ctx, *(self.drafter.contexts if self.drafter is not None else ()))
+
+    def current(self) -> bool:
+        """Whether the pair still has these contexts (a tree or a reload swaps them)."""
+        return self.ctx is self.pair.target_ctx and self.drafter is self.pair.drafter
+
+    def choose(self, free: list[Slot], tokens: list[int]) -> Slot:
+        return free[0]
+
+    def open(self, slot: Slot, tokens: list[int]) -> tuple[int, int]:
+        """Keep what the cache shares with the prompt: (tokens kept, tokens the memory holds of them: a checkpoint
+        restore may leave part of the common prefix to decode again, with the next decode)."""
+        common = common_prefix_len(self.ctx.tokens, tokens[:-1])
+        if not self.ctx.keep(common):
+            self.ctx.clear()   # the memory cannot go back to the common prefix: start over
+            common = 0
+        slot.rollback_before = self._rollback_totals()
+        return common, self.ctx.n_in_memory
+
+    def sampling(self, cfg: SamplerConfig, rng, shaper) -> Sampling | None:
+        # shaped rows are numpy's: the target's logits come back, so nothing filters on the device; nor for a tree
+        if cfg.greedy:
+            return None
+        return Sampling(cfg, rng, device=self._device_sampling(
+            cfg if shaper is None and self.pair.tree is None else None, rng))
+
+    def _device_sampling(self, cfg: SamplerConfig | None, rng: np.random.Generator) -> bool:
+        """Filter on the device (llama.cpp's sampler chains) when every context prefers it and can run it;
+        otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
+        contexts = self.contexts
+        wanted = cfg is not None and all(ctx.prefers_device_sampling for ctx in contexts)
+        # Every chain's draws follow the request's seed (the draft's too: the same draft draws in every request
+        # would bias the output across seeds), or none at all; a chain with unchanged filters stays attached.
+        if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
+                           for ctx in contexts]):
+            return True
+        for ctx in contexts:
+            ctx.set_device_sampler(None)
+        return False
+
+    def policy_for(self, slot: Slot):
+        """The pair's own policy: what it learnt carries over from one request to the next."""
+        return self.pair.policy, self.pair.hooks
+
+    def begin(self, slot: Slot) -> None:
+        pass
+
+    def scratch(self, n: int) -> np.ndarray:
+        """Dense rows for n of the target's filtered distributions (numpy sampling), grown once to the longest."""
+        if self._scratch.shape[0] < n:
+            self._scratch = np.zeros((max(n, self.pair.policy.k_max + 1), self.pair.n_vocab), np.float32)
+        return self._scratch
+
+    def prefill(self, slot: Slot) -> None:
+        """The whole prompt at once, then a turn checkpoint (a later prompt that leaves this one's answer, as a
+        chat template that re-renders it, restarts here) and the drafter's start."""
+        # greedy needs argmaxes only: taken on the device where rows are verified; a pair that never drafts copies
+        # its one row out instead (measured faster for single rows)
+        self.ctx.set_device_argmax(slot.sampling is None and slot.shaper is None and self.drafter is not None)
+        if slot.todo:
+            self.ctx.eval(slot.todo, logits="none")
+        self.ctx.checkpoint(turn=True)
+        slot.history.extend(slot.todo)
+        slot.todo, slot.prefilled = [], True
+        slot.hooks.new_request()
+        if self.drafter is not None:   # a drafter the policy will not use yet catches up when first asked
+            self.drafter.begin(slot.history, slot.sampling, slot.policy.p_min,
+                               prefill=slot.policy.next_draft_len() > 0)
+        slot.decode_before = self._decode_seconds()
+
+    def draft(self, active: list[Slot], joining: Slot | None, lens: dict) -> tuple[dict, dict, int]:
+        if not active:
+            return {}, {}, 0
+        slot = active[0]
+        k, probe = lens[slot.index]
+        p_min = slot.policy.p_min
+        draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else Draft([])
+        probed = self.drafter.propose(slot.history, slot.last, 1, p_min) if probe else None
+        return {slot.index: draft}, ({slot.index: probed} if probed is not None else {}), 0
+
+    def decode(self, active: list[Slot], drafts: dict, joining: Slot | None, draft_seconds: float,
+               rounds: int) -> None:
+        """Nothing shared to decode: a joining slot's prompt is prefilled, a verification decodes when asked."""
+        if joining is not None:
+            self.prefill(joining)
+
+    def rows(self, slot: Slot, tokens: list[int], wants: str):
+        if wants == "argmax":
+            return self.ctx.eval_argmax(tokens, rows="all")
+        if wants == "dists":
+            return self.ctx.eval_dists(tokens, rows="all")
+        return self.ctx.eval(tokens, logits="all")
+
+    def accepted(self, slot: Slot, n_accepted: int) -> None:
+        self.drafter.accepted(n_accepted)
+
+    def finish(self, slot: Slot) -> None:
+        """Exactly one place restores consistency after the end of a request, early or not (Ctrl-C, a closed
+        stream, an error): each cache drops anything past what it recorded, the target holds exactly the history."""
+        self.ctx.resync()
+        self.ctx.keep(len(slot.history))
+        for ctx in self.drafter.contexts if self.drafter is not None else ():
+            ctx.resync()
+        stats = slot.stats
+        stats.time_in_decode = self._decode_seconds() - getattr(slot, "decode_before", self._decode_seconds())
+        seconds, replayed = self._rollback_totals()
+        stats.time_rollback = seconds - slot.rollback_before[0]
+        stats.tokens_replayed = replayed - slot.rollback_before[1]
+
+    def fail(self, slot: Slot) -> None:
+        self.finish(slot)
+
+    def _decode_seconds(self) -> float:
+        return sum(ctx.decode_seconds for ctx in self.contexts)
+
+    def _rollback_totals(self) -> tuple[float, int]:
+        """Seconds spent rolling caches back (saves, restores, trims) and tokens replayed, over all contexts."""
+        return sum(c.rollback_seconds for c in self.contexts), sum(c.replayed_tokens for c in self.contexts)
+
+    def close(self) -> None:
+        pass   # the contexts are the pair's
+
+
+class SharedTarget:
+    """`n_seq` sequences over shared contexts of the pair's models (n_ctx tokens in all, n_ctx / n_seq a sequence)."""
+
+    def __init__(self, pair, n_seq: int, n_ctx: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        from .backend.sequences import shared_like
+
+        why = batch_support(pair)
+        if why is not None:
+            raise InvalidParameterError(f"cannot decode several sequences at once: {why}", param="parallel")
+        self.pair, self.n_seq, self.prefill_chunk = pair, n_seq, max(prefill_chunk, 1)
+        # a recurrent target keeps one snapshot per token of the longest draft (rs_snapshots); none without drafts
+        target = pair.target_ctx
+        self.ctx = shared_like(target, n_seq, n_ctx, target.options.n_rs_seq if pair.speculative else 0)
+        self.recurrent, self.n_batch = self.ctx.recurrent, self.ctx.n_batch
+        # the longest draft a slot may verify: a rejection must stay within the recurrent state's snapshots
+        self.k_cap = self.ctx.n_rs_seq if self.ctx.recurrent else self.ctx.n_batch
+        self.draft_ctx = self.mtp = None
+        try:
+            if pair.speculative and _source(pair).own_context:
+                self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.ctx.n_ctx)
+            elif pair.speculative and _source(pair).shares_target_context:   # the head over the shared target
+                # context, a sequence per slot
+                from .drafters.batched_mtp import BatchedMTP
+
+                self.mtp = BatchedMTP(self.ctx, pair.draft_ctx, n_seq)
+        except BaseException:
+            self.ctx.close()
+            raise
+        n_vocab = pair.n_vocab
+        self.slots = [Slot(i, seq, SeqDraft(self.draft_ctx.sequences[i], n_vocab) if self.draft_ctx else
+                           self.mtp.seqs[i] if self.mtp else None,
+                           PromptLookupDrafter(n_vocab=n_vocab) if pair.drafter_kind.startswith("lookup") else None)
+                      for i, seq in enumerate(self.ctx.sequences)]
+        self._scratch: dict[int, np.ndarray] = {}
+        self._rows: dict[int, np.ndarray] = {}   # this step's rows of each verifying slot
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.ctx.n_ctx_seq
+
+    def choose(self, free: list[Slot], tokens: list[int]) -> Slot:
+        """The free slot whose cache shares the longest prefix with the prompt."""
+        return max(free, key=lambda s: s.seq.reusable(tokens[:-1]))
+
+    def open(self, slot: Slot, tokens: list[int]) -> tuple[int, int]:
+        # a recurrent state goes back only within its last decode's snapshots or to a turn checkpoint: `reusable`
+        # says how far the slot's cache serves the prompt; without any, the sequence starts over
+        common = slot.seq.reusable(tokens[:-1])
+        if not slot.seq.keep(common):
+            slot.seq.clear()
+            common = 0
+        return common, common
+
+    def sampling(self, cfg: SamplerConfig, rng, shaper) -> Sampling | None:
+        return None if cfg.greedy else Sampling(cfg, rng)
+
+    def policy_for(self, slot: Slot):
+        policy = copy.deepcopy(self.pair.policy)
+        hooks = Hooks(policy)
+        if self.pair.drafter is not None:
+            hooks.attach(self.pair.drafter.draft_cost, self.pair.costs)
+        return policy, hooks
+
+    def begin(self, slot: Slot) -> None:
+        slot.hooks.new_request()
+        if slot.draft is not None:
+            slot.draft.begin(slot.prompt[:-1], slot.sampling)
+        if slot.lookup is not None:
+            slot.lookup.begin(slot.history, slot.sampling, 0.0, False)
+
+    def scratch_for(self, slot: Slot):
+        def scratch(n: int) -> np.ndarray:
+            rows = self._scratch.get(slot.index)
+            if rows is None or rows.shape[0] < n:
+                rows = self._scratch[slot.index] = np.zeros((max(n, 9), self.pair.n_vocab), np.float32)
+            return rows
+        return scratch
+
+    def draft(self, active: list[Slot], joining: Slot | None, lens: dict) -> tuple[dict, dict, int]:
+        """Each active slot's draft (empty on a plain step) and, on a plain step the policy wants judged, a one-token
+        shadow probe; lookup first where the pair has it, the draft model for all the rest in one set of decodes
+        (with a chunk of the joining slot's prompt riding along); and the draft rounds (0 where one caught up first)."""
+        drafts, probes, jobs, behind = {}, {}, [], False
+        for s in active:
+            k, probe = lens[s.index]
+            found = drafts if k else probes
+            ran, s.from_model, drafts[s.index] = s.from_model, False, Draft([])   # ran: its drafter ran last step
+            if (k or probe) and s.lookup is not None:
+                found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.p_min)
+            if (k or probe) and s.draft is not None and not found.get(s.index, Draft([])).tokens:
+                jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.p_min)))
+                behind = behind or (k and not ran)
+        if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
+            drafting = {s.index for s, *_ in jobs}
+            idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
+            made = self.mtp.propose_all([j for *_, j in jobs], idle)
+        else:
+            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft else []
+            made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
+        for (s, found, _), draft in zip(jobs, made):
+            found[s.index], s.from_model = draft, True
+        rounds = max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts), default=0)
+        return drafts, probes, 0 if behind else rounds   # (a probe's one token is not a round either)
+
+    def decode(self, active: list[Slot], drafts: dict, joining: Slot | None, draft_seconds: float,
+               rounds: int) -> None:
+        """One decode: every active slot's [last, d_1..d_k] with all rows, and a chunk of a joining slot's prompt."""
+        Run = self.ctx.Run
+        runs = [Run(s.seq, [s.last] + drafts[s.index].tokens, "all") for s in active]
+        if self.recurrent and runs:   # one length for all: each recurrent state can then undo its run
+            width = max(len(r.tokens) for r in runs)   # (SharedContext.decode); the padding is never accepted
+            for r in runs:
+                r.tokens += [r.tokens[0]] * (width - len(r.tokens))
+        room = self.n_batch - sum(len(r.tokens) for r in runs)
+        chunk = []
+        if joining is not None and room > 0:
+            chunk = joining.todo[:min(room, self.prefill_chunk if active else room)]
+            if chunk:
+                runs.append(Run(joining.seq, chunk, "none"))
+        t0 = time.perf_counter()
+        rows = self.ctx.decode(runs) if runs else []
+        if runs and joining is None:   # a prompt chunk's rows cost less than verified ones: not learnt from
+            self.engine_policy.record_step(sum(len(r.tokens) for r in runs), time.perf_counter() - t0, rounds,
+                                           draft_seconds)
+        self._rows = {s.index: r for s, r in zip(active, rows)}
+        if joining is not None:
+            joining.todo = joining.todo[len(chunk):]
+            joining.history.extend(chunk)
+            if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts here
+                joining.prefilled = True
+                joining.seq.checkpoint_turn()
+
+    def rows(self, slot: Slot, tokens: list[int], wants: str):
+        rows = self._rows[slot.index][:len(tokens)]
+        return rows.argmax(axis=1) if wants == "argmax" else rows
+
+    def accepted(self, slot: Slot, n_accepted: int) -> None:
+        if slot.from_model:
+            slot.draft.accepted(n_accepted)
+
+    def finish(self, slot: Slot) -> None:
+        pass   # the sequence keeps its history for a later prompt to reuse
+
+    def fail(self, slot: Slot) -> None:
+        """A slot that failed mid-step starts over: its sequences may hold a half-done step."""
+        slot.seq.clear()
+        if slot.draft is not None and hasattr(slot.draft, "seq"):
+            slot.draft.seq.clear()
+
+    def close(self) -> None:
+        if self.draft_ctx is not None:
+            self.draft_ctx.close()
+        if self.mtp is not None:
+            self.mtp.close()
+        self.ctx.close()
