@@ -71,19 +71,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DraftSettings:
-    """How to draft, each value checked here once: the policy's name, its draft length k (fixed) or the longest
-    draft (the others), the shortest (threshold), the confidence stop p_min (None: the policy's own default) and
-    the drafter kind. It travels whole: load_pair keeps it on the pair (`pair.config.drafting`), and a change
-    (chat's /policy, the server's PATCH /admin/config) is a `dataclasses.replace` of it."""
+    """How to draft, each value checked here once: the policy's name, the draft length (fixed) or the longest draft
+    (the others) `draft_max`, the shortest (threshold) `draft_min`, the confidence stop `draft_p_min` (None: the
+    policy's own default) and the drafter kind. The same names run from the CLI flags (--draft-max, ...) and
+    models.toml through here to the policy's constructor. It travels whole: load_pair keeps it on the pair
+    (`pair.config.drafting`), and a change (chat's /k and /policy, the server's PATCH /admin/config) is a
+    `dataclasses.replace` of it given to `Pair.set_drafting`."""
 
     policy: str = "auto"                     # one of POLICY_NAMES
-    k: int | None = None                     # --draft-max
-    k_min: int | None = None                 # --draft-min
-    p_min: float | None = None               # --draft-p-min
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
     drafter: str = "model"                   # one of DRAFTER_KINDS
-
-    # the names the CLI options, models.toml, load_pair's keywords and the admin API give them
-    NAMES = {"policy": "policy", "draft_max": "k", "draft_min": "k_min", "draft_p_min": "p_min", "drafter": "drafter"}
 
     def __post_init__(self):
         _choice("policy", self.policy, POLICY_NAMES)
@@ -92,22 +91,18 @@ class DraftSettings:
     def check(self, known: dict | None = None) -> "DraftSettings":
         """Each number against its row in bounds.py, where the batch size is known (`known`): the LoadConfig that
         holds these settings checks them so (make_policy asks the same rows)."""
-        for outside, own in (("draft_max", "k"), ("draft_min", "k_min"), ("draft_p_min", "p_min")):
-            if getattr(self, own) is not None:
-                bounds.check(outside, getattr(self, own), known)
+        for name in ("draft_max", "draft_min", "draft_p_min"):
+            if getattr(self, name) is not None:
+                bounds.check(name, getattr(self, name), known)
         return self
 
-    def named(self) -> dict:
-        """The policy settings under their outside names (draft_max, ...), the drafter aside."""
-        return {outside: getattr(self, own) for outside, own in self.NAMES.items() if own != "drafter"}
+    def policy_settings(self) -> dict:
+        """What the policy is built from (the drafter aside), as the admin API shows it."""
+        return {name: getattr(self, name) for name in POLICY_SETTINGS}
 
-    def with_named(self, **named) -> "DraftSettings":
-        """A copy with settings changed by their outside names (None: the policy's default, or "auto")."""
-        changes = {self.NAMES[n]: v for n, v in named.items()}
-        if changes.get("policy", "") is None:
-            changes["policy"] = "auto"
-        return dataclasses.replace(self, **changes)
 
+POLICY_SETTINGS = ("policy", "draft_max", "draft_min", "draft_p_min")   # DraftSettings' fields that make the policy
+_DRAFT_FIELDS = POLICY_SETTINGS + ("drafter",)
 
 # load_pair's keyword arguments for the draft: `draft_<name>` overrides the draft's copy of the target's setting
 _DRAFT_OVERRIDES = ("n_gpu_layers", "main_gpu", "n_ctx", "n_threads")
@@ -120,7 +115,7 @@ class LoadConfig:
 
     `target` configures the target; the draft runs with the same context and cache settings unless `draft` is
     given: on the target's main GPU, unsplit (`draft_config()`). `draft_device` puts the whole draft on one device.
-    `drafting` may also be given by its outside names (`LoadConfig(policy="fixed", draft_max=3)`).
+    `drafting` may also be given by its fields (`LoadConfig(policy="fixed", draft_max=3)`).
     """
 
     target: ModelConfig = field(default_factory=ModelConfig)
@@ -130,22 +125,15 @@ class LoadConfig:
     warm_up: bool | None = None              # run and time each draft length at load (None: on a GPU target)
     verbose: bool = False
 
-    # the drafting settings under their load_pair / CLI / models.toml names
-    policy = property(lambda self: self.drafting.policy)
-    draft_max = property(lambda self: self.drafting.k)
-    draft_min = property(lambda self: self.drafting.k_min)
-    draft_p_min = property(lambda self: self.drafting.p_min)
-    drafter = property(lambda self: self.drafting.drafter)
-
     def __init__(self, target: ModelConfig | None = None, draft: ModelConfig | None = None,
                  draft_device: str | None = None, drafting: DraftSettings | None = None, warm_up: bool | None = None,
-                 verbose: bool = False, **named):
-        unknown = sorted(set(named) - set(DraftSettings.NAMES))
+                 verbose: bool = False, **settings):
+        unknown = sorted(set(settings) - set(_DRAFT_FIELDS))
         if unknown:
             raise TypeError(f"LoadConfig() got an unexpected keyword argument {unknown[0]!r}")
         drafting = drafting if drafting is not None else DraftSettings()
-        if any(v is not None for v in named.values()):
-            drafting = drafting.with_named(**{n: v for n, v in named.items() if v is not None})
+        if any(v is not None for v in settings.values()):
+            drafting = dataclasses.replace(drafting, **{n: v for n, v in settings.items() if v is not None})
         for name, value in (("target", target if target is not None else ModelConfig()), ("draft", draft),
                             ("draft_device", draft_device), ("drafting", drafting), ("warm_up", warm_up),
                             ("verbose", verbose)):
@@ -173,8 +161,8 @@ class LoadConfig:
                 target[name] = value
             elif name.startswith("draft_") and name[6:] in _DRAFT_OVERRIDES:
                 draft[name[6:]] = value
-            elif name in DraftSettings.NAMES:
-                drafting[DraftSettings.NAMES[name]] = value
+            elif name in _DRAFT_FIELDS:
+                drafting[name] = value
             elif name in _LOAD_FIELDS and name not in ("target", "draft"):
                 own[name] = value
             else:

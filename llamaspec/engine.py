@@ -83,21 +83,22 @@ class Pair:
             self.hooks.attach(self.drafter.draft_cost, self.costs)
 
     def set_drafting(self, drafting: DraftSettings) -> None:
-        """Draft by other settings (a policy name, k, k_min, p_min; the drafter stays): the policy they name
-        replaces the current one, and `config.drafting` says so."""
+        """Draft by other settings (policy, draft_max, draft_min, draft_p_min; the drafter stays): the policy they
+        name replaces the current one, and `config.drafting` says so. Every change at run time comes here (chat's
+        /k and /policy, the server's PATCH /admin/config); settings a policy refuses change nothing."""
         drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
         self.set_policy(policy_for(drafting, self.target_ctx.n_batch))
         self.config = dataclasses.replace(self.config, drafting=drafting)
 
-    def warm_up(self, k_max: int | None = None) -> None:
-        """Run every draft length up to k_max (the policy's) and keep what the warm passes took as `costs`, which
+    def warm_up(self, draft_max: int | None = None) -> None:
+        """Run every draft length up to draft_max (the policy's) and keep what the warm passes took as `costs`, which
         every policy taken from here on starts from (DraftPolicy.attach); the text is forgotten
         (policy/calibration.py). load_pair calls it on GPU targets."""
         if self.drafter is None:
             return
         policy = self.policy
         try:
-            self.costs = measure_costs(self, k_max) or self.costs
+            self.costs = measure_costs(self, draft_max) or self.costs
         finally:
             self.set_policy(policy)
 

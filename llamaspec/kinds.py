@@ -75,7 +75,7 @@ SOURCES = (PROMPT, DRAFT_MODEL, MTP_HEAD, HIDDEN_STATES)
 
 @dataclass(frozen=True)
 class DrafterKind:
-    name: str                       # llamaspec's name (--drafter, models.toml's `drafter`, LoadConfig.drafter)
+    name: str                       # llamaspec's name (--drafter, models.toml's `drafter`, DraftSettings.drafter)
     spec_type: str | None           # llama.cpp's --spec-type name; None for a combination (say both names)
     source: Source                  # what drafts (SOURCES)
     drafter: str                    # "module:Class" under drafters/, built as Class(context, n_vocab)

@@ -17,25 +17,31 @@ from .gguf.reader import ModelInfo, read_model_info
 from .gguf.recurrent import rollback_kind
 from .gguf.spec_kind import has_mtp_head, spec_kind
 from .kinds import DrafterKind, Opens, Source, drafter_kind, kind_for_file
-from .policy import DraftPolicy, policy_for
+from .policy import DEFAULT_DRAFT_MAX, DraftPolicy, policy_for
 
 
-def rs_snapshots(config: ModelConfig, policy: DraftPolicy) -> int:
-    """n_rs_seq for a speculating target: as set, else one recurrent-state snapshot per token of the policy's
-    longest draft, within what the batch allows (llama.cpp aborts unless n_ubatch >= n_rs_seq + 2)."""
-    if config.n_rs_seq:
-        return config.n_rs_seq
-    return max(min(max(int(getattr(policy, "k_max", 0) or 0), 1), config.n_batch - 2), 0)
+def snapshot_reach(config: LoadConfig, target_info: ModelInfo, kind: DrafterKind,
+                   policy: DraftPolicy | None = None) -> LoadConfig:
+    """`config` with how far a speculating target must be able to undo resolved, in this one place:
 
-
-def snapshot_reach(config: LoadConfig, target_info: ModelInfo, kind: DrafterKind) -> LoadConfig:
-    """`config` with the longest draft set to the kind's `snapshot_k_max` where it was left open and the target's
-    rollback is bounded by recurrent-state snapshots: llama.cpp keeps one per draft token and pays for all of them
-    on every decode, so an open reach (auto's 12) would slow every step, plain ones included."""
-    drafting = config.drafting
-    if drafting.k is not None or drafting.policy == "fixed" or rollback_kind(target_info) != "bounded":
-        return config
-    return config.replace(draft_max=kind.snapshot_k_max)
+    1. the longest draft: `draft_max` as set (`policy`, an object given instead of settings: its own draft_max);
+       left open on a target whose rollback is bounded by recurrent-state snapshots, the kind's `snapshot_k_max`
+       (llama.cpp keeps one snapshot per draft token and pays for all of them on every decode, so an open reach,
+       auto's 12, would slow every step, plain ones included); else the policy's default (DEFAULT_DRAFT_MAX);
+    2. the target's `n_rs_seq`: as set, else one snapshot per token of that draft, within what the batch allows
+       (llama.cpp aborts unless n_ubatch >= n_rs_seq + 2)."""
+    drafting, target = config.drafting, config.target
+    if policy is not None:
+        longest = int(getattr(policy, "draft_max", 0) or 0)
+    elif drafting.draft_max is not None:
+        longest = drafting.draft_max
+    elif drafting.policy != "fixed" and rollback_kind(target_info) == "bounded":
+        longest = kind.snapshot_k_max
+        config = config.replace(draft_max=longest)
+    else:
+        longest = DEFAULT_DRAFT_MAX[drafting.policy]
+    n_rs_seq = target.n_rs_seq or max(min(max(longest, 1), target.n_batch - 2), 0)
+    return config.replace(n_rs_seq=n_rs_seq)
 
 
 def _is_pair_name(name) -> bool:
@@ -73,12 +79,12 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     target_info = read_model_info(target)
     check_placement(target_info, config.target, devices())
     draft_info: ModelInfo | None = None
-    kind = drafter_kind(config.drafter)
+    kind = drafter_kind(config.drafting.drafter)
     if draft is None and (kind.draft_file == "arch" or kind.source.head and not has_mtp_head(target_info)):
         draft = sibling_draft(target_info.path, kind.name)   # mtp-/eagle3-/dflash-<model>.gguf beside it, or None
     if draft is not None:
         draft_info = read_model_info(draft)
-        file_kind = spec_kind(draft_info)          # the kind the file selects; config.drafter only overrides
+        file_kind = spec_kind(draft_info)          # the kind the file selects; the drafter setting only overrides
         kind = drafter_kind(kind_for_file(kind.name, file_kind, draft_info.arch, draft_info.path))
         config = config.replace(drafter=kind.name)   # the pair keeps its config as resolved
         check_pair(target_info, draft_info)
@@ -86,18 +92,17 @@ def load_pair(target: str, draft: str | None = None, *, config: LoadConfig | Non
     elif kind.draft_file == "arch":
         raise InvalidParameterError(f"drafter {kind.name!r} needs {kind.title} GGUF: give it (-md / draft=...) or "
                                     f"put it beside the target as {kind.sidecar}<model>.gguf", param="draft")
-    config = snapshot_reach(config, target_info, kind)
+    speculative = draft is not None or kind.name != "model"
+    if speculative:   # a recurrent state with rollback snapshots gets one per draft token
+        config = snapshot_reach(config, target_info, kind, policy_obj)
     if policy_obj is None:
         policy_obj = policy_for(config.drafting, n_batch=config.target.n_batch)
     if kind.source.head:
         _check_mtp_header(target_info if draft_info is None else draft_info)
         config = config.replace(load_mtp=True)   # llama.cpp skips the head's tensors otherwise
-    speculative = draft is not None or kind.name != "model"
 
-    # 2. the target; a recurrent state with rollback snapshots gets one per draft token (n_ubatch >= n_rs_seq + 2)
+    # 2. the target
     target_config = config.target
-    if speculative:
-        target_config = target_config.replace(n_rs_seq=rs_snapshots(target_config, policy_obj))
     target_model = Model(target, target_config, info=target_info)
     try:
         target_ctx = Context(target_model, target_config)

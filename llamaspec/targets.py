@@ -136,7 +136,7 @@ class LoneTarget:
     def scratch(self, n: int) -> np.ndarray:
         """Dense rows for n of the target's filtered distributions (numpy sampling), grown once to the longest."""
         if self._scratch.shape[0] < n:
-            self._scratch = np.zeros((max(n, self.pair.policy.k_max + 1), self.pair.n_vocab), np.float32)
+            self._scratch = np.zeros((max(n, self.pair.policy.draft_max + 1), self.pair.n_vocab), np.float32)
         return self._scratch
 
     def prefill(self, slot: Slot) -> None:
@@ -152,7 +152,7 @@ class LoneTarget:
         slot.todo, slot.prefilled = [], True
         slot.hooks.new_request()
         if self.drafter is not None:   # a drafter the policy will not use yet catches up when first asked
-            self.drafter.begin(slot.history, slot.sampling, slot.policy.p_min,
+            self.drafter.begin(slot.history, slot.sampling, slot.policy.draft_p_min,
                                prefill=slot.policy.next_draft_len() > 0)
         slot.decode_before = self._decode_seconds()
 
@@ -161,7 +161,7 @@ class LoneTarget:
             return {}, {}, 0
         slot = active[0]
         k, probe = lens[slot.index]
-        p_min = slot.policy.p_min
+        p_min = slot.policy.draft_p_min
         draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else Draft([])
         probed = self.drafter.propose(slot.history, slot.last, 1, p_min) if probe else None
         return {slot.index: draft}, ({slot.index: probed} if probed is not None else {}), 0
@@ -219,7 +219,7 @@ class SharedTarget:
         if why is not None:
             raise InvalidParameterError(f"cannot decode several sequences at once: {why}", param="parallel")
         self.pair, self.n_seq, self.prefill_chunk = pair, n_seq, max(prefill_chunk, 1)
-        # a recurrent target keeps one snapshot per token of the longest draft (rs_snapshots); none without drafts
+        # a recurrent target keeps one snapshot per token of the longest draft (snapshot_reach); none without drafts
         target = pair.target_ctx
         self.ctx = shared_like(target, n_seq, n_ctx, target.options.n_rs_seq if pair.speculative else 0)
         self.recurrent, self.n_batch = self.ctx.recurrent, self.ctx.n_batch
@@ -297,9 +297,9 @@ class SharedTarget:
             found = drafts if k else probes
             ran, s.from_model, drafts[s.index] = s.from_model, False, Draft([])   # ran: its drafter ran last step
             if (k or probe) and s.lookup is not None:
-                found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.p_min)
+                found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.draft_p_min)
             if (k or probe) and s.draft is not None and not found.get(s.index, Draft([])).tokens:
-                jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.p_min)))
+                jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.draft_p_min)))
                 behind = behind or (k and not ran)
         if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
             drafting = {s.index for s, *_ in jobs}

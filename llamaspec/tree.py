@@ -231,7 +231,7 @@ def enable_tree(pair, settings: TreeSettings = TreeSettings(), costs=None) -> Tr
     drafter = TreeDrafter(pair.drafter, settings)
     pair.drafter = drafter   # new contexts and drafter: the pair's engine is made anew for them
     if costs is None and (pair.costs is None or len(pair.costs.verify) < 2):
-        pair.warm_up(pair.policy.k_max + settings.max_siblings)   # verify[n] for every n a tree pass can have
+        pair.warm_up(pair.policy.draft_max + settings.max_siblings)   # verify[n] for every n a tree pass can have
     pair.set_policy(pair.policy)
     pair.tree = tree = TreeVerifier(drafter, settings, costs if costs is not None else pair.costs)
     # the seam: a request's verification is the tree's, except a shaped one (a grammar's rows are numpy's own)

@@ -166,7 +166,7 @@ def test_probes_of_a_plain_slot_back_off_while_they_fail():
 
 def test_a_slot_alone_or_with_another_policy_keeps_its_own_length():
     bp = policy(lambda n: 10 + 3.0 * n, 1.0)
-    auto = AutoPolicy(k_max=8)
+    auto = AutoPolicy(draft_max=8)
     auto._k = 6   # what its own decisions reached
     assert bp.lengths([0], [auto], [8])[:2] == ([6], [False])
     assert bp.lengths([0, 1], [FixedPolicy(4), FixedPolicy(4)], [8, 2])[:2] == ([4, 2], [False, False])
@@ -179,7 +179,7 @@ def test_a_plain_slot_is_probed_only_where_a_good_draft_would_pay():
     the target's pass), they cannot change the verdict and are not taken."""
     def plain_steps_probed(t_round):
         bp = policy(lambda n: 10 + 1.0 * n, t_round, probe_every=2)
-        poor = [AutoPolicy(k_max=8) for _ in range(2)]
+        poor = [AutoPolicy(draft_max=8) for _ in range(2)]
         for p in poor:
             p.accept.record_draft(4, 0)
             p.accept.record_draft(4, 0)

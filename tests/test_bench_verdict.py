@@ -19,7 +19,7 @@ TOKENS = 20
 
 def mode_of(policy) -> str:
     if policy.name == "fixed":
-        return "plain" if policy.k == 0 else f"k={policy.k}"
+        return "plain" if policy.draft_max == 0 else f"k={policy.draft_max}"
     return policy.name
 
 

@@ -80,14 +80,14 @@ def test_the_cli_the_library_and_the_server_agree_on_a_range():
 
 
 def test_draft_length_is_bounded_by_the_batch():
-    assert LoadConfig().replace(n_batch=64, draft_max=63).draft_max == 63
+    assert LoadConfig().replace(n_batch=64, draft_max=63).drafting.draft_max == 63
     with pytest.raises(InvalidParameterError, match=r"draft_max must be an integer in \[0, 63\]: a verification"):
         LoadConfig().replace(n_batch=64, draft_max=64)
     with pytest.raises(InvalidParameterError, match="draft_max"):
-        make_policy("auto", k=10**9)
-    with pytest.raises(InvalidParameterError, match="k_max"):
+        make_policy("auto", draft_max=10**9)
+    with pytest.raises(InvalidParameterError, match="draft_max"):
         from llamaspec.policy import AutoPolicy
-        AutoPolicy(k_max=10**9)   # would build two lists of 10^9 floats
+        AutoPolicy(draft_max=10**9)   # would build two lists of 10^9 floats
 
 
 def test_threads_are_bounded_by_the_machine():

@@ -155,7 +155,7 @@ def test_interrupt_mid_step_restores_consistency():
 
 
 def test_stats_count_what_happened():
-    pair = fake_pair(0.4, ThresholdPolicy(k=3, window=2))
+    pair = fake_pair(0.4, ThresholdPolicy(draft_len=3, window=2))
     c = pair.generate(PROMPT, max_tokens=60)
     s = c.stats
     assert s.tokens_generated == 60
@@ -265,7 +265,7 @@ class ShadowEvery(DraftPolicy):
     name = "shadow-test"
 
     def __init__(self, every: int):
-        self.every, self.step, self.k_max = every, 0, 1
+        self.every, self.step, self.draft_max = every, 0, 1
         self.results: list[tuple[float, float]] = []
 
     def next_draft_len(self) -> int:
@@ -321,7 +321,7 @@ def test_warm_up_setting_is_true_false_or_none():
     with pytest.raises(InvalidParameterError, match="warm_up"):
         LoadConfig.from_kwargs(warm_up="yes")
     for bad in (0, "3", 2.5):
-        with pytest.raises(InvalidParameterError, match="k_max"):
+        with pytest.raises(InvalidParameterError, match="draft_max"):
             fake_pair(0.0, FixedPolicy(2)).warm_up(bad)
 
 
@@ -335,7 +335,7 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
     assert sorted(pair.costs.verify) == [1, 2, 3, 4, 5, 6] and pair.costs.draft > 0
     assert len(pair.costs.excess) == 12                                              # two cold passes a size
-    auto = make_policy("auto", k=5)
+    auto = make_policy("auto", draft_max=5)
     pair.set_policy(auto)   # every policy taken from here on starts from them
     assert auto.verify_time(6) == pytest.approx(pair.costs.verify[6])
     assert auto.t_draft == pytest.approx(pair.costs.draft)

@@ -120,7 +120,7 @@ def _auto_on(t_draft: float, verify, accepted: bool, steps: int = 60):
     """An `auto` policy after `steps` steps on a synthetic machine (draft cost per token, verify cost curve)."""
     from llamaspec.policy import AutoPolicy
 
-    policy = AutoPolicy(k_max=10)
+    policy = AutoPolicy(draft_max=10)
     for _ in range(steps):
         k = policy.next_draft_len()
         policy.update(k, k if accepted else 0, k * t_draft, verify(k + 1))

@@ -151,7 +151,7 @@ def test_greedy_output_equals_plain_decoding(models, kind, target, draft):
             assert got.tokens == expected, policy.name
             if policy.name == "fixed":
                 assert got.stats.drafted > 0
-                if draft and policy.k > 1:
+                if draft and policy.draft_max > 1:
                     assert 0 < got.stats.accepted < got.stats.drafted
 
 

@@ -141,7 +141,7 @@ def test_snapshots_are_clamped_to_the_batch_instead_of_aborting(arch_dir):
     ("qwen35", "mtp", None, {}, KINDS["mtp"].snapshot_k_max),
     ("qwen35", "model", "qwen35", {"draft_max": 7}, 7),                  # a reach asked for is kept
     ("qwen35", "model", "qwen35", {"policy": "fixed", "draft_max": 2}, 2),
-    ("llama", "model", "llama", {}, make_policy("auto").k_max),          # no snapshots: auto's own reach
+    ("llama", "model", "llama", {}, make_policy("auto").draft_max),          # no snapshots: auto's own reach
 ])
 def test_open_draft_reach_on_snapshot_targets_is_the_kinds(arch_dir, target, drafter, draft, settings, reach):
     # every snapshot is written on every decode, plain steps too: auto's 12-token reach would keep 12 of them
@@ -150,11 +150,11 @@ def test_open_draft_reach_on_snapshot_targets_is_the_kinds(arch_dir, target, dra
         path = add_mtp_block(path, arch_dir / f"{target}-mtp.gguf")
     with load_pair(path, arch_file(arch_dir, draft, 2) if draft else None, drafter=drafter,
                    **{**SETTINGS, **settings}) as pair:
-        assert pair.policy.k_max == reach
+        assert pair.policy.draft_max == reach
         if KIND[target] == "bounded":
-            assert pair.config.drafting.k == reach == pair.target_ctx.rollback.n_rs_seq
+            assert pair.config.drafting.draft_max == reach == pair.target_ctx.rollback.n_rs_seq
         else:
-            assert pair.config.drafting.k == settings.get("draft_max")
+            assert pair.config.drafting.draft_max == settings.get("draft_max")
 
 
 def test_a_memory_that_cannot_roll_back_refuses_speculation_and_runs_plainly(arch_dir, monkeypatch):
@@ -198,7 +198,7 @@ def test_greedy_speculation_equals_plain_decoding(pairs, target, draft, seed):
             assert target_replays > 0    # restored and replayed
         elif KIND[target] == "bounded":
             # within the snapshots seq_rm drops the rejected tokens; a longer draft goes back by checkpoint
-            assert (target_replays > 0) == (policy.k > N_RS_SEQ)
+            assert (target_replays > 0) == (policy.draft_max > N_RS_SEQ)
         else:
             assert target_replays == 0
 
@@ -432,7 +432,7 @@ def test_auto_drafts_less_where_rolling_back_is_expensive(monkeypatch):
     def mean_draft_len(rollback_cost: float) -> float:
         target, draft = FakeModel(), FakeModel(disagree=0.4, salt=3)
         pair = Pair(target, CostedContext(target, clock, 1.0, rollback_cost),
-                    make_drafter("model", target, CostedContext(draft, clock, 0.05)), AutoPolicy(k_max=8))
+                    make_drafter("model", target, CostedContext(draft, clock, 0.05)), AutoPolicy(draft_max=8))
         stats = pair.generate([5, 6, 7], max_tokens=200).stats
         return stats.drafted / stats.target_passes
 

@@ -48,7 +48,7 @@ def generate(target, draft=None, drafter="model", k=3):
         if pair.drafter is not None:
             pair.set_policy(FixedPolicy(k, 0.0))
         out = pair.generate(PROMPT, max_tokens=N)
-        return list(out.tokens), pair.config.drafter, out.stats
+        return list(out.tokens), pair.config.drafting.drafter, out.stats
 
 
 def test_the_tensor_list_decides_what_a_file_is(files):

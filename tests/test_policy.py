@@ -19,26 +19,26 @@ def test_fixed_policy_never_changes():
 
 
 def test_confidence_policy_carries_p_min():
-    p = ConfidencePolicy(k_max=6, p_min=0.8)
-    assert (p.next_draft_len(), p.p_min) == (6, 0.8)
+    p = ConfidencePolicy(draft_max=6, draft_p_min=0.8)
+    assert (p.next_draft_len(), p.draft_p_min) == (6, 0.8)
 
 
 def test_threshold_lowers_k_below_40_percent_and_raises_above_75():
-    p = ThresholdPolicy(k=4, k_min=2, k_max=6, window=2)
+    p = ThresholdPolicy(draft_len=4, draft_min=2, draft_max=6, window=2)
     p.update(4, 1, 0, 0)
     assert p.next_draft_len() == 4  # window not full yet
     p.update(4, 1, 0, 0)            # 25% < 40%
     assert p.next_draft_len() == 3
     for _ in range(10):
         p.update(3, 0, 0, 0)
-    assert p.next_draft_len() == 2  # not below k_min
+    assert p.next_draft_len() == 2  # not below draft_min
     for _ in range(20):
         p.update(p.next_draft_len(), p.next_draft_len(), 0, 0)
-    assert p.next_draft_len() == 6  # not above k_max
+    assert p.next_draft_len() == 6  # not above draft_max
 
 
 def test_threshold_keeps_k_between_the_bounds_of_acceptance():
-    p = ThresholdPolicy(k=4, window=2)
+    p = ThresholdPolicy(draft_len=4, window=2)
     for _ in range(10):
         p.update(4, 2, 0, 0)  # 50%: between 40% and 75%
     assert p.next_draft_len() == 4
@@ -49,7 +49,7 @@ def run_auto(acceptance: float, t_draft: float, verify, steps: int = 300, chosen
     import random
 
     rng = random.Random(0)
-    p = AutoPolicy(k_max=10, p_min=0.0)
+    p = AutoPolicy(draft_max=10, draft_p_min=0.0)
     for _ in range(steps):
         k = p.next_draft_len()
         accepted = 0
@@ -119,9 +119,9 @@ def test_auto_stays_off_when_even_a_perfect_draft_cannot_pay():
 def test_make_policy_rejects_unknown_names_and_bad_values():
     with pytest.raises(InvalidParameterError, match="unknown draft policy"):
         make_policy("fastest")
-    with pytest.raises(InvalidParameterError, match="p_min"):
-        make_policy("confidence", p_min=1.5)
-    with pytest.raises(InvalidParameterError, match="k"):
+    with pytest.raises(InvalidParameterError, match="draft_p_min"):
+        make_policy("confidence", draft_p_min=1.5)
+    with pytest.raises(InvalidParameterError, match="draft_max"):
         FixedPolicy(-1)
 
 
@@ -154,7 +154,7 @@ def _run_on_curve(policy, acceptance: float, draft_seconds, steps: int = 400) ->
 
 @pytest.mark.parametrize("acceptance", [1.0, 0.9, 0.7])
 def test_auto_reaches_the_best_fixed_length_on_a_gpu_cost_curve(acceptance):
-    chosen = _run_on_curve(AutoPolicy(k_max=16, p_min=0.0), acceptance, lambda k: k * H200_C)
+    chosen = _run_on_curve(AutoPolicy(draft_max=16, draft_p_min=0.0), acceptance, lambda k: k * H200_C)
     best = max(_gpu_speed(k, acceptance) for k in range(1, 17))
     achieved = sum(_gpu_speed(k, acceptance) for k in chosen[-200:]) / 200
     assert achieved >= 0.95 * best, (achieved / best, chosen[-20:])
@@ -169,7 +169,7 @@ def test_auto_prices_a_block_drafter_per_pass(acceptance):
     def speed(k):
         return sum(acceptance ** j for j in range(k + 1)) / ((block_pass if k else 0.0) + H200_V[k])
 
-    p = AutoPolicy(k_max=15)
+    p = AutoPolicy(draft_max=15)
     p.attach("per_pass")
     chosen = _run_on_curve(p, acceptance, lambda k: block_pass if k else 0.0)
     best = max(speed(k) for k in range(1, 16))
@@ -313,7 +313,7 @@ def test_a_useless_draft_is_probed_in_the_shadow_where_changes_cost(calibrated):
 
 
 def test_calibrated_costs_replace_the_measuring_draft():
-    p = make_policy("auto", k=4)
+    p = make_policy("auto", draft_max=4)
     p.attach()
     p.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
     assert [round(p.verify_time(n), 6) for n in range(1, 6)] == [1.0, 1.3, 1.6, 1.9, 2.2]
@@ -326,7 +326,7 @@ def test_calibrated_costs_replace_the_measuring_draft():
     p.shadow(1.0, 0.06)
     p.update(0, 0, 0.0, 1.5)
     assert p.next_draft_len() > 0              # accepted: now a draft pays
-    q = make_policy("auto", k=4)
+    q = make_policy("auto", draft_max=4)
     q.attach()
     q.calibrate(Costs({n: 1.0 + 0.3 * (n - 1) for n in range(1, 6)}, 0.05, [0.4, 0.5] * 5))
     q.update(0, 0, 0.0, 1.0)
@@ -338,7 +338,7 @@ def test_calibrated_costs_replace_the_measuring_draft():
 
 
 def test_calibrated_costs_that_no_draft_can_repay_keep_auto_plain():
-    p = make_policy("auto", k=4)
+    p = make_policy("auto", draft_max=4)
     p.attach()
     p.calibrate(Costs({n: float(n) for n in range(1, 6)}, 0.5, [0.0] * 10))   # a CPU: n tokens cost n passes
     for _ in range(200):
@@ -410,7 +410,7 @@ def test_tuning_is_validated_once_and_frozen():
         AutoTuning(k_start=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         AutoTuning().decay = 0.5
-    assert AutoPolicy(k_max=2).k_start == 2                       # clipped to k_max
+    assert AutoPolicy(draft_max=2).k_start == 2                   # clipped to draft_max
 
 
 def test_phases_on_a_machine_where_no_draft_pays():
@@ -431,14 +431,13 @@ def test_draft_settings_are_checked_once_and_change_by_replace():
 
     config = LoadConfig.from_kwargs(policy="threshold", draft_max=6, draft_min=2, draft_p_min=0.5, n_ctx=1024)
     assert config.drafting == DraftSettings("threshold", 6, 2, 0.5)
-    assert (config.policy, config.draft_max, config.draft_min, config.draft_p_min) == ("threshold", 6, 2, 0.5)
     assert config.replace(n_ctx=2048).drafting is config.drafting        # other settings leave it as it is
-    p = policy_for(config.drafting)
-    assert (p.name, p.k_min, p.k_max, p.p_min) == ("threshold", 2, 6, 0.5)
-    changed = config.drafting.with_named(policy="fixed")
-    assert changed == dataclasses.replace(config.drafting, policy="fixed") and policy_for(changed).k == 6
-    assert config.drafting.with_named(policy=None, draft_max=None).named() == \
-        {"policy": "auto", "draft_max": None, "draft_min": 2, "draft_p_min": 0.5}
+    p = policy_for(config.drafting)                                      # the same names, to the constructor
+    assert (p.name, p.draft_min, p.draft_max, p.draft_p_min) == ("threshold", 2, 6, 0.5)
+    changed = dataclasses.replace(config.drafting, policy="fixed")
+    assert policy_for(changed).draft_max == 6 and LoadConfig(policy="fixed", draft_max=6).drafting.draft_max == 6
+    assert dataclasses.replace(config.drafting, draft_max=None).policy_settings() == \
+        {"policy": "threshold", "draft_max": None, "draft_min": 2, "draft_p_min": 0.5}
     for bad in (dict(policy="fastest"), dict(draft_max=-1), dict(drafter="telepathy"), dict(draft_min=1.5)):
         with pytest.raises(InvalidParameterError, match=next(iter(bad))):
             LoadConfig.from_kwargs(**bad)

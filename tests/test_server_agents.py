@@ -124,7 +124,7 @@ def test_greedy_constrained_speculation_equals_constrained_plain_decoding(real_m
     prompt = "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n"
     with load_pair(str(real_models / REAL_TARGET), str(real_models / REAL_DRAFT), n_ctx=512, n_threads=2) as pair:
         def run(policy):
-            pair.set_policy(make_policy("fixed", k=4 if policy == "fixed" else 0))
+            pair.set_policy(make_policy("fixed", draft_max=4 if policy == "fixed" else 0))
             pair.reset()
             shaping = Shaping(Grammar.compile(pair.target, gbnf), Penalties(repeat=1.1), top_logprobs=0)
             out = pair.generate(prompt, max_tokens=64, shaping=shaping)

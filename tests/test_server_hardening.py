@@ -236,7 +236,7 @@ def test_admin_policy_change_keeps_the_loaded_draft_max(tiny_models):
             r = client.patch("/admin/config", headers=auth, json={"policy": "confidence"})
             assert r.status_code == 200, r.text
             assert r.json()["policy"]["draft_len"] == 2 and r.json()["settings"]["policy"] == "confidence"
-            assert pair.config.drafting.policy == "confidence" and pair.config.drafting.k == 2
+            assert pair.config.drafting.policy == "confidence" and pair.config.drafting.draft_max == 2
 
 
 def test_template_that_cannot_compile_is_named_at_load():

@@ -248,7 +248,8 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) ->
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
             p_min = float(p_min) if p_min else None
             name, warm = name.removesuffix("+warm"), name.endswith("+warm")   # "auto+warm": see WARM_PROMPT
-            policy = make_policy("fixed", k=0) if name == "plain" else make_policy(name, k=k, p_min=p_min)
+            policy = make_policy("fixed", draft_max=0) if name == "plain" else \
+                make_policy(name, draft_max=k, draft_p_min=p_min)
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
@@ -444,8 +445,9 @@ def main() -> None:
     names = [m.partition(":")[0].removesuffix("+warm") for m in modes]
     file_kind = spec_kind(read_model_info(a.draft)) if a.draft else None
     reach = snapshot_reach(LoadConfig(drafter=a.drafter), read_model_info(a.target),
-                           drafter_kind(file_kind or a.drafter)).drafting.k
-    longest = max(ks + [make_policy(name, k=reach).k_max for name in names if name not in ("plain", "fixed")])
+                           drafter_kind(file_kind or a.drafter)).drafting.draft_max
+    longest = max(ks + [make_policy(name, draft_max=reach).draft_max
+                        for name in names if name not in ("plain", "fixed")])
     pair = load_pair(a.target, a.draft, n_ctx=case.n_ctx, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))

@@ -80,7 +80,7 @@ def context_loop(model: Model, n_ctx: int, n_rs_seq: int, device_argmax: bool, t
 
 
 def pair_loop(pair, tokens: int, reps: int) -> float:
-    pair.set_policy(make_policy("fixed", k=0))
+    pair.set_policy(make_policy("fixed", draft_max=0))
     rates = []
     for rep in range(reps + 1):
         pair.reset()

@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args()
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_gpu_layers=a.ngl, n_threads=a.threads, no_repack=a.no_repack)
-    pair.set_policy(make_policy(a.policy, k=a.k))
+    pair.set_policy(make_policy(a.policy, draft_max=a.k))
     sampler = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=1)
     pair.generate(a.prompt, max_tokens=16, **sampler)  # warm-up
     for _ in range(a.repeat):

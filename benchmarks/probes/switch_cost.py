@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))   # ben
 class Scripted:
     """A draft length per step from a function of the step number; records each step's wall time."""
 
-    name, p_min = "scripted", 0.0
+    name, draft_p_min = "scripted", 0.0
 
-    def __init__(self, lengths, k_max: int):
-        self.lengths, self.k_max, self.step = lengths, k_max, 0
+    def __init__(self, lengths, draft_max: int):
+        self.lengths, self.draft_max, self.step = lengths, draft_max, 0
         self.steps: list[tuple[int, float, float]] = []   # (drafted, wall seconds since the last step, verify)
         self._last = None
 

@@ -29,12 +29,12 @@ WARMUP_TOKENS = 8
 class Mode:
     name: str           # "plain", "k=3", "auto", ...
     policy: str         # "plain" or a policy name
-    k: int | None       # fixed draft length, or an adaptive policy's maximum (None: the policy's default)
+    draft_max: int | None   # fixed draft length, or an adaptive policy's maximum (None: the policy's default)
 
-    def make_policy(self, p_min: float | None = None) -> DraftPolicy:
+    def make_policy(self, draft_p_min: float | None = None) -> DraftPolicy:
         if self.policy == "plain":
             return FixedPolicy(0)
-        return make_policy(self.policy, k=self.k, p_min=p_min)
+        return make_policy(self.policy, draft_max=self.draft_max, draft_p_min=draft_p_min)
 
 
 PLAIN = Mode("plain", "plain", 0)
@@ -44,11 +44,11 @@ def fixed_mode(k: int) -> Mode:
     return Mode(f"k={k}", "fixed", k)
 
 
-def policy_mode(name: str, k_max: int | None = None) -> Mode:
+def policy_mode(name: str, draft_max: int | None = None) -> Mode:
     if name not in POLICY_NAMES or name == "fixed":
         raise InvalidParameterError(f"unknown policy {name!r} to compare; choose from auto, confidence, threshold "
                                     "(fixed draft lengths go in --k)")
-    return Mode(name, name, k_max)
+    return Mode(name, name, draft_max)
 
 
 def parse_k_list(text: str) -> list[int]:
@@ -219,11 +219,11 @@ def prepare_prompts(pair, prompts: Sequence[str], chat: bool = True) -> list[lis
     return out
 
 
-def default_modes(pair, k: int | None = None) -> list[Mode]:
+def default_modes(pair, draft_max: int | None = None) -> list[Mode]:
     """Plain, a fixed draft length and the auto policy."""
     if not pair.speculative:
         return [PLAIN]
-    return [PLAIN, fixed_mode(k or 4), policy_mode("auto")]
+    return [PLAIN, fixed_mode(draft_max or 4), policy_mode("auto")]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def judge(results: Sequence[ModeResult]) -> Verdict:
 
 
 def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, max_tokens: int = 128,
-              sampler: dict | None = None, warmup: bool = True, p_min: float | None = None,
+              sampler: dict | None = None, warmup: bool = True, draft_p_min: float | None = None,
               progress: Callable[[int], None] | None = None,
               temperatures: Sequence[float] | None = None, repeats: int = 3) -> BenchReport:
     """Decode every prompt in every mode (plain first, added when missing), `repeats` times, at sampler's
@@ -288,7 +288,7 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
     t0 = time.perf_counter()
     if warmup:
         for mode in modes[:2]:
-            pair.set_policy(mode.make_policy(p_min))
+            pair.set_policy(mode.make_policy(draft_p_min))
             pair.generate(list(prompts[0]), max_tokens=min(WARMUP_TOKENS, max_tokens),
                           **{**sampler, "temperature": temps[0]})
     warmup_seconds = time.perf_counter() - t0
@@ -300,7 +300,7 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
     try:
         for temperature in temps:
             at_t = {**sampler, "temperature": temperature}
-            policies = {m.name: m.make_policy(p_min) for m in modes}
+            policies = {m.name: m.make_policy(draft_p_min) for m in modes}
             runs[temperature] = []
             for _ in range(repeats):
                 this_repeat = {m.name: [] for m in modes}
@@ -327,8 +327,8 @@ def run_bench(pair, prompts: Sequence[Sequence[int]], modes: Sequence[Mode], *, 
             continue
         by_mode = {}
         for mode in modes:
-            policy = mode.make_policy(p_min)
-            r = ModeResult(mode.name, mode.policy, mode.k if mode.k is not None else policy.k_max, temperature,
+            policy = mode.make_policy(draft_p_min)
+            r = ModeResult(mode.name, mode.policy, mode.draft_max if mode.draft_max is not None else policy.draft_max, temperature,
                            prompts=max(len(rnd[mode.name]) for rnd in rounds), repeats=len(rounds))
             for rnd in rounds:
                 stats = [s for s, _ in rnd[mode.name]]
@@ -416,7 +416,7 @@ def auto_state(policy: AutoPolicy) -> str:
     points = ", ".join(f"v({n})={policy.verify_time(n) / v1:.2f}" for n in policy.model.sizes)
     acceptance = ", ".join(f"{a:.2f}" for a in policy.accept.estimates()[1:6])
     cold = f"; a cold pass {policy.switch_cost / v1:.2f} plain passes slower"
-    speeds = policy.model.speeds(policy.accept.estimates(), min(policy.k_max, 6), False)
+    speeds = policy.model.speeds(policy.accept.estimates(), min(policy.draft_max, 6), False)
     predicted = ", ".join(f"k={k} {tps:.1f}" for k, tps in speeds)
     return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {t_draft / v1:.2f}, {points}{cold}; "
             f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}; the tok/s it predicts from these "

@@ -148,7 +148,7 @@ def bench(prompt_spec, k_list, policies, temps, raw, repeats, no_warmup, as_json
         with click.progressbar(length=n_runs, label="bench", file=sys.stderr) as bar:
             report = lib.run_bench(pair, token_prompts, modes, max_tokens=opts["max_tokens"],
                                    sampler={k: v for k, v in sampler_kwargs(opts).items() if k != "max_tokens"},
-                                   warmup=not no_warmup, p_min=opts.get("draft_p_min"), progress=bar.update,
+                                   warmup=not no_warmup, draft_p_min=opts.get("draft_p_min"), progress=bar.update,
                                    temperatures=temperatures, repeats=repeats)
         if not report.results:
             click.echo("interrupted before any prompt was measured in every mode", err=True)

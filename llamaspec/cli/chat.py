@@ -280,15 +280,16 @@ class ChatSession:
         return True
 
     def cmd_k(self, arg):
+        import dataclasses
+
         from .. import bounds
-        from ..policy import FixedPolicy
 
         if not (arg.isascii() and arg.isdigit()):
             click.echo("usage: /k N  (a draft length; 0 = plain decoding)")
         elif self._needs_draft():
-            k = bounds.check("draft_max", int(arg), {"n_batch": self.pair.target_ctx.n_batch}, param="N")
-            self.pair.set_policy(FixedPolicy(k))
-            click.echo(dim(f"[draft length {k}, fixed]"))
+            draft_max = bounds.check("draft_max", int(arg), {"n_batch": self.pair.target_ctx.n_batch}, param="N")
+            self.pair.set_drafting(dataclasses.replace(self.pair.config.drafting, policy="fixed", draft_max=draft_max))
+            click.echo(dim(f"[draft length {draft_max}, fixed]"))
 
     def cmd_policy(self, arg):
         import dataclasses

@@ -186,8 +186,7 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
     from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
     from ..gguf.recurrent import describe_rollback
     from ..kinds import drafter_kind, file_source
-    from ..loading import rs_snapshots, sibling_draft, snapshot_reach
-    from ..policy import policy_for
+    from ..loading import sibling_draft, snapshot_reach
 
     if (target and model) or (draft and model_draft):
         raise click.UsageError("give the models either as TARGET [DRAFT] or as -m/-md, not both")
@@ -219,7 +218,7 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         draft_info = None
     reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
-                           n_rs_seq=rs_snapshots(config.target, policy_for(reach.drafting)))
+                           n_rs_seq=reach.target.n_rs_seq)
     for role, info in (("target", target_info), ("draft", draft_info or head_file)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "

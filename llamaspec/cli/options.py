@@ -229,7 +229,7 @@ def pair_options(func):
         click.option("--jinja", is_flag=True,
                      help="Accepted for llama.cpp command lines: llamaspec always renders the Jinja template."),
         click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
-                     help=f"Draft-length policy [default: {_LOAD.policy}, or the --pair entry's]."),
+                     help=f"Draft-length policy [default: {_LOAD.drafting.policy}, or the --pair entry's]."),
         click.option("--draft-max", "--draft", "--spec-draft-n-max", "draft_max", type=Bounded("draft_max"),
                      default=None, help="Draft length (fixed) or its maximum (other policies)."),
         click.option("--draft-min", "--spec-draft-n-min", "draft_min", type=Bounded("draft_min"), default=None,

@@ -59,7 +59,7 @@ class PairEntry:
     n_ctx: int = ModelConfig.n_ctx
     cache_type_k: str = ModelConfig.cache_type_k
     cache_type_v: str = ModelConfig.cache_type_v
-    draft_max: int | None = DraftSettings.k
+    draft_max: int | None = DraftSettings.draft_max
     policy: str = DraftSettings.policy
     drafter: str | None = None   # one of DRAFTER_KINDS; None: load_pair's default (a draft model)
     verified: bool = False

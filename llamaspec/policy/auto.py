@@ -58,15 +58,16 @@ class AutoPolicy(DraftPolicy):
 
     name = "auto"
 
-    def __init__(self, k_max: int = 12, p_min: float = 0.0, tuning: AutoTuning | None = None, **tuning_fields):
-        self.k_max = check_k("k_max", k_max, 1)
-        self.p_min = check_p("p_min", p_min)
+    def __init__(self, draft_max: int = 12, draft_p_min: float = 0.0, tuning: AutoTuning | None = None,
+                 **tuning_fields):
+        self.draft_max = check_k("draft_max", draft_max, 1)
+        self.draft_p_min = check_p("draft_p_min", draft_p_min)
         t = dataclasses.replace(tuning or AutoTuning(), **tuning_fields)
         self.tuning = t = dataclasses.replace(
-            t, k_start=min(t.k_start, self.k_max), max_probe_interval=max(t.max_probe_interval, t.probe_every),
+            t, k_start=min(t.k_start, self.draft_max), max_probe_interval=max(t.max_probe_interval, t.probe_every),
             initial_credit_steps=min(t.initial_credit_steps, t.credit_steps))
         self.model = CostModel(t)
-        self.accept = Acceptance(self.k_max, t)
+        self.accept = Acceptance(self.draft_max, t)
         self.phase, self.step = Phase.START, Step.ORDINARY
         self._k = 0
         self._shadow_result = 0.0
@@ -133,7 +134,7 @@ class AutoPolicy(DraftPolicy):
         return dict(self.model.speeds(self.accept.estimates(), k, optimistic)).get(k)
 
     def perfect_draft_gain(self) -> float | None:
-        return self.model.perfect_draft_gain(self.k_max)
+        return self.model.perfect_draft_gain(self.draft_max)
 
     # -- the two questions ----------------------------------------------------------------------------------
     def next_draft_len(self) -> int:
@@ -184,7 +185,7 @@ class AutoPolicy(DraftPolicy):
         # makes a probe cost several plain passes); both grow by `earned` a step, so the wait is known. Where the
         # engine runs shadow probes, acceptance is asked with one: no cold target passes.
         shadow = self._shadows and self.phase is not Phase.OFF
-        k = min(1 if self.phase is Phase.ON else 2, self.k_max)
+        k = min(1 if self.phase is Phase.ON else 2, self.draft_max)
         loss = self._shadow_loss() if shadow else model.probe_loss(k, self._since_draft)
         earned = t.loss_budget * t_plain
         covered = max(self._credit, self._since_probe * earned)
@@ -275,7 +276,7 @@ class AutoPolicy(DraftPolicy):
             return
         optimistic = self._credit > 0
         acceptances = self.accept.estimates()
-        best = model.best_k(acceptances, self.k_max, optimistic) if on else 0
+        best = model.best_k(acceptances, self.draft_max, optimistic) if on else 0
         if best != self._k and (drafting or not self._k) and \
                 not model.worth_changing(acceptances, self._k, best, optimistic):
             best = self._k   # drafting, or plain after a shadow probe: a change must repay its cold passes

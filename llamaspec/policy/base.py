@@ -1,7 +1,7 @@
 """The draft-policy contract: each policy answers one question ("how many tokens next?") and learns from one thing
 ("this many were drafted, this many accepted, this long it took").
 
-`p_min` is the confidence stop every policy may carry: the engine stops drafting early once the draft's top
+`draft_p_min` is the confidence stop every policy may carry: the engine stops drafting early once the draft's top
 probability falls below it (llama.cpp's --draft-p-min). Policies know nothing about models or tokens.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ class DraftPolicy(abc.ABC):
     """What every policy answers and learns from; subclass it for your own. The hooks below are no-ops here."""
 
     name = "base"
-    p_min = 0.0
-    k_max = 0
+    draft_p_min = 0.0   # the confidence stop (llama.cpp's p_min)
+    draft_max = 0       # the longest draft it proposes
 
     @abc.abstractmethod
     def next_draft_len(self) -> int:
@@ -41,7 +41,7 @@ class DraftPolicy(abc.ABC):
         """One speculative step is done: `drafted` proposed, `accepted` kept, and what each phase cost."""
 
     def describe(self) -> dict:
-        return {"policy": self.name, "draft_len": self.next_draft_len(), "p_min": self.p_min}
+        return {"policy": self.name, "draft_len": self.next_draft_len(), "p_min": self.draft_p_min}
 
     def attach(self, draft_cost: str = "per_token", costs: Costs | None = None) -> None:
         """A pair takes this policy (Pair.set_policy says it once): its drafter costs "per_token" (a draft model,

@@ -118,7 +118,7 @@ class BatchPolicy:
         together = [len(policies) > 1 and isinstance(p, AutoPolicy) for p in policies]
         if not any(together):
             return [max(min(p.next_draft_len(), cap), 0) for p, cap in zip(policies, caps)], together, together
-        asks = [Ask(min(cap, p.k_max), p.accept.estimates()) if chosen else Ask(cap, None, p.next_draft_len())
+        asks = [Ask(min(cap, p.draft_max), p.accept.estimates()) if chosen else Ask(cap, None, p.next_draft_len())
                 for p, cap, chosen in zip(policies, caps, together)]
         ks = self.allocate(asks, recurrent)
         probes = [chosen and i not in self.hopeless and self.probe_due(slot, k)

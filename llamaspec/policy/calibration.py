@@ -11,14 +11,14 @@ _LONGEST = 16   # the longest draft a warm-up runs
 
 
 class Sweep(DraftPolicy):
-    """Draft k_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row. From the third
+    """Draft draft_max tokens, then one fewer down to plain decoding, each length `repeats` steps in a row. From the third
     pass of a size in a row on, its passes run warm: costs() tells what those took, and how much more the first two
     took."""
 
     name = "sweep"
 
-    def __init__(self, k_max: int, repeats: int = 1):
-        self.k = self.k_max = k_max
+    def __init__(self, draft_max: int, repeats: int = 1):
+        self.k = self.draft_max = draft_max   # k: the current length
         self.repeats = self._left = repeats
         self.done = False
         self._last_n = self._run = 0
@@ -51,21 +51,21 @@ class Sweep(DraftPolicy):
         return Costs(verify, median(self._draft) if self._draft else None, excess)
 
 
-def measure_costs(pair, k_max: int | None = None) -> Costs | None:
-    """Run every draft length up to k_max (the pair's policy's) on `pair`, greedy three steps each and then sampled
+def measure_costs(pair, draft_max: int | None = None) -> Costs | None:
+    """Run every draft length up to draft_max (the pair's policy's) on `pair`, greedy three steps each and then sampled
     once each, and forget the text; the third greedy step of each size runs warm, and what those took is returned.
     The pair is left with a sweep policy: the caller sets its own back."""
-    if k_max is not None:
-        check_k("k_max", k_max, 1)
-    k_max = min(k_max or getattr(pair.policy, "k_max", 0) or 1, _LONGEST)
+    if draft_max is not None:
+        check_k("draft_max", draft_max, 1)
+    draft_max = min(draft_max or getattr(pair.policy, "draft_max", 0) or 1, _LONGEST)
     prompt = pair.tokenize("warm up")
     costs = None
     try:
         for temperature, repeats in ((0.0, 3), (0.8, 1)):
-            sweep = Sweep(k_max, repeats)
+            sweep = Sweep(draft_max, repeats)
             pair.set_policy(sweep)
             for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next
-                for _ in pair.stream(prompt, max_tokens=repeats * (k_max + 1) ** 2, temperature=temperature, seed=1):
+                for _ in pair.stream(prompt, max_tokens=repeats * (draft_max + 1) ** 2, temperature=temperature, seed=1):
                     if sweep.done:
                         break
                 if sweep.done:

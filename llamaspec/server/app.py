@@ -28,7 +28,6 @@ from starlette.routing import Route
 
 from ..chat_template import ChatTemplate
 from ..errors import InvalidParameterError, LlamaspecError
-from ..policy import policy_for
 from ..reasoning import template_kwargs
 from .apierror import APIError, invalid
 from .formats import EventStream, Gone, ResponseFormat, error_for, next_event, wait_disconnect
@@ -65,10 +64,6 @@ def check_keys(api_key: str | None, admin_key: str | None) -> None:
         if key is not None and not key.strip():
             raise InvalidParameterError(f"{flag} is empty; give a key, or leave the option out for no key",
                                         param=flag.lstrip("-").replace("-", "_"))
-
-
-_POLICY_PARAMS = {"policy": "policy", "k": "draft_max", "k_max": "draft_max", "k_min": "draft_min",
-                  "p_min": "draft_p_min", "draft_max": "draft_max", "draft_min": "draft_min"}   # -> the admin API's
 
 
 class _ClientGone(Exception):
@@ -226,7 +221,7 @@ class Service:
 
     def policy_view(self) -> dict:
         return {"policy": self.pair.policy.describe() if self.pair.speculative else None,
-                "settings": self.pair.config.drafting.named()}
+                "settings": self.pair.config.drafting.policy_settings()}
 
     async def models(self, request: Request) -> Response:
         self.authorize(request)
@@ -266,12 +261,10 @@ class Service:
         # the pair's settings as loaded (a --pair entry's draft_max too), changed by what the body gives
         drafting, n_batch = self.pair.config.drafting, self.pair.target_ctx.n_batch
         try:
-            drafting = drafting.with_named(**parse_policy_update(body, drafting.named(), n_batch))
-            policy = policy_for(drafting, n_batch)
+            drafting = dataclasses.replace(drafting, **parse_policy_update(body, drafting.policy_settings(), n_batch))
+            await asyncio.wrap_future(self.worker.set_drafting(drafting))
         except InvalidParameterError as e:
-            raise invalid(_POLICY_PARAMS.get(e.param, e.param), str(e))
-        await asyncio.wrap_future(self.worker.set_policy(policy))
-        self.pair.config = dataclasses.replace(self.pair.config, drafting=drafting)
+            raise invalid(e.param, str(e))
         return JSONResponse(self.policy_view())
 
     # -- lifecycle --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..bounds import BOUNDS
-from ..config import POLICY_NAMES
+from ..config import POLICY_NAMES, POLICY_SETTINGS
 from ..sampling import OPENAI, SAMPLER_ORDERS
 from ..shaping import REPEAT_PENALTY_MIN
 from .apierror import invalid
@@ -23,7 +23,7 @@ from .tools import parse_tool_choice, parse_tools, tool_fields
 
 MAX_MESSAGES = 2048   # OpenAI's own limit; also bounds the chat template's work
 MAX_STOP = 16
-POLICY_FIELDS = ("policy", "draft_max", "draft_min", "draft_p_min")
+POLICY_FIELDS = POLICY_SETTINGS   # what PATCH /admin/config sets: DraftSettings' own names
 # lone surrogates cannot be encoded as UTF-8; U+FDD0..U+FDEF are noncharacters, which mark message text inside the
 # rendered chat prompt (prompt.py)
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -96,7 +96,7 @@ class Worker:
         self._queued: dict[int, Job] = {}
         self._running_jobs: dict[int, _Running] = {}                     # slot index -> its job
         self._admissible: collections.deque[Job] = collections.deque()   # taken from the inbox, not yet in a slot
-        self._policies: list[tuple[Any, concurrent.futures.Future]] = []
+        self._draftings: list[tuple[Any, concurrent.futures.Future]] = []
         self._thread = threading.Thread(target=self._loop, name="llamaspec-worker", daemon=True)
         self._stopping = False
 
@@ -127,12 +127,13 @@ class Worker:
             self._queued.pop(id(job), None)
         self._inbox.put(_WAKE)
 
-    def set_policy(self, policy) -> concurrent.futures.Future:
-        """Swap the draft policy between two engine steps (requests that start from then on take it); the future
-        resolves once it is in place."""
+    def set_drafting(self, drafting) -> concurrent.futures.Future:
+        """Change the pair's drafting settings (Pair.set_drafting) between two engine steps (requests that start from
+        then on take the new policy); the future resolves to the policy once it is in place, or to the error that
+        refused the settings."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            self._policies.append((policy, done))
+            self._draftings.append((drafting, done))
         self._inbox.put(_WAKE)
         return done
 
@@ -170,7 +171,7 @@ class Worker:
                     items.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            self._apply_policies()
+            self._apply_draftings()
             for item in items:
                 if item is _STOP:
                     self._end_all()
@@ -183,12 +184,16 @@ class Worker:
                 traceback.print_exc(file=sys.stderr)
                 self._end_all(APIError(500, "internal error", kind="server_error"))
 
-    def _apply_policies(self) -> None:
+    def _apply_draftings(self) -> None:
         with self._lock:
-            pending, self._policies = self._policies, []
-        for policy, done in pending:
-            self.pair.set_policy(policy)
-            done.set_result(self.pair.policy)
+            pending, self._draftings = self._draftings, []
+        for drafting, done in pending:
+            try:
+                self.pair.set_drafting(drafting)
+            except Exception as e:   # settings the policy refuses: the caller answers with the error
+                done.set_exception(e)
+            else:
+                done.set_result(self.pair.policy)
 
     def _round(self) -> None:
         while self._admissible and self.engine.free:

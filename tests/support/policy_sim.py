@@ -90,7 +90,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     rng, load = random.Random(seed), Load(machine, seed)
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
-    hooks.attach("per_token", machine.costs(policy.k_max) if machine.gpu else None)
+    hooks.attach("per_token", machine.costs(policy.draft_max) if machine.gpu else None)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
@@ -147,7 +147,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
 def compare(machine: Machine, acceptance: float, k_max: int = 12, **kwargs) -> dict:
     """auto, plain and every fixed k on the same machine, load pattern and acceptance."""
     runs = {"plain": simulate(FixedPolicy(0), machine, acceptance, **kwargs),
-            "auto": simulate(make_policy("auto", k=k_max), machine, acceptance, **kwargs)}
+            "auto": simulate(make_policy("auto", draft_max=k_max), machine, acceptance, **kwargs)}
     for k in range(1, k_max + 1):
         runs[f"k={k}"] = simulate(FixedPolicy(k), machine, acceptance, **kwargs)
     best = max((name for name in runs if name.startswith("k=")), key=lambda name: runs[name].throughput)
