@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
 
 STATUS = "@@status"  # marks the worker's own lines among anything a library prints on stdout
@@ -47,9 +46,10 @@ class LoadWorker:
         self.proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
+        from .paths import REPO   # here, not at the top: the worker runs this file as a script, outside the package
+
         env = dict(os.environ, LLAMASPEC_NO_REPACK="1", GGML_NO_BACKTRACE="1")  # an abort without a gdb session
-        root = str(Path(__file__).resolve().parent.parent)  # this checkout's llamaspec, not an installed one
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the worker
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True, env=env)

@@ -16,6 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 from support.gguf_factory import make_tiny_model
+from support.paths import REPO
 
 import llamaspec
 from llamaspec.gguf.edit import Field, GGUFContents, TensorData, read_gguf, write_gguf
@@ -25,7 +26,7 @@ from llamaspec.gguf.reader import read_model_info
 
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_TARGET
 
-CONVERT = Path(__file__).resolve().parent.parent / "convert"
+CONVERT = REPO / "convert"
 QWEN_VOCAB = 151936
 
 

@@ -4,14 +4,9 @@ but deterministic at temperature 0, and identical to what the library produces f
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,88 +16,10 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-REPO = Path(__file__).resolve().parent.parent
-API_KEY = "sk-test-key"
-ADMIN_KEY = "admin-test-key"
+from support.servers import (ADMIN_KEY, API_KEY, HTTP, N_CTX, OpenStream, assert_openai_error, health,  # noqa: E402
+                             metric, post, start_server, wait_until)
+
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-N_CTX = 1024
-HTTP = httpx.Client(timeout=60)  # one client for the helpers: a new one per call costs ~40 ms (TLS set-up)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A server process (also used by test_server_load.py)
-# ---------------------------------------------------------------------------------------------------------------
-class ServerProcess:
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def rss_kib(self) -> int:
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def _one_cpu() -> None:
-    """Keep the server on one CPU (llama.cpp's default thread count follows the affinity), leaving the other
-    cores to the test process: fewer threads fighting over a small machine."""
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-
-
-def start_server(models: dict, log: Path, *args: str, n_ctx: int = N_CTX, draft: str = "noisy") -> ServerProcess:
-    """`python -m llamaspec serve` on 127.0.0.1, any free port; returns once it says where it listens."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(models["target"]), "-md", str(models[draft]),
-           "-c", str(n_ctx), "-t", "1", "--port", "0", *args]
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                preexec_fn=_one_cpu)
-    deadline = time.monotonic() + 90
-    while True:
-        text = log.read_text(errors="replace")
-        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", text)
-        if found:
-            return ServerProcess(proc, found.group(1), log)
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"the server did not start (exit {proc.poll()}):\n{text}")
-        time.sleep(0.1)
-
-
-def metric(url: str, line_prefix: str, headers=None) -> float:
-    """One sample of /metrics (0 when absent)."""
-    text = HTTP.get(f"{url}/metrics", headers=headers or {}, timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(line_prefix + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def health(url: str) -> dict:
-    return HTTP.get(f"{url}/health", timeout=10).json()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,12 +55,6 @@ def library_pair(tiny_models):
     pair = load_pair(str(tiny_models["target"]), str(tiny_models["noisy"]), n_ctx=N_CTX, n_threads=1)
     yield pair
     pair.close()
-
-
-def post(url: str, path: str, body, headers=None, timeout: float = 60) -> httpx.Response:
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return HTTP.post(f"{url}{path}", content=data, headers={"Content-Type": "application/json", **(headers or {})},
-                      timeout=timeout)
 
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
@@ -260,7 +171,7 @@ def test_sampler_order_is_openais_unless_the_request_says_otherwise():
 
 def test_llama_cpp_sampler_order_reaches_the_generation(server):
     """The field travels with the request's other sampling settings into Pair.stream (which would refuse an
-    unknown keyword: a 500); what each order samples is tested on the library (test_sampling_verify.py)."""
+    unknown keyword: a 500); what each order samples is tested on the library (engine/test_sampling_verify.py)."""
     for order in ("llama.cpp", "openai"):
         body = {"prompt": "Seeds:", "max_tokens": 8, "temperature": 1.5, "top_p": 0.6, "seed": 3,
                 "sampler_order": order}
@@ -316,20 +227,6 @@ def test_models_lists_the_loaded_pair(client, tiny_models):
 # ---------------------------------------------------------------------------------------------------------------
 # Bad requests: 4xx with OpenAI's error JSON, never a 500
 # ---------------------------------------------------------------------------------------------------------------
-def assert_openai_error(r: httpx.Response, status: int, param=None, code=None) -> dict:
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"]
-    if status == 400:
-        assert error["type"] == "invalid_request_error"
-    if param is not None:
-        assert error["param"] == param
-    if code is not None:
-        assert error["code"] == code
-    return error
-
-
 BAD_CHAT_FIELDS = [
     ({"n": 2}, "n"),
     ({"temperature": -0.5}, "temperature"),
@@ -587,27 +484,6 @@ def test_request_counter_is_labelled_by_endpoint_and_status():
 # Load and faults: a full queue, a client that goes away, signals
 # ---------------------------------------------------------------------------------------------------------------
 LONG = {"model": "x", "prompt": "Go on and on", "max_tokens": 100000, "temperature": 0, "stream": True}
-
-
-class OpenStream:
-    """A streamed request whose first chunk has arrived (so it is generating); `close()` hangs up."""
-
-    def __init__(self, url: str, body: dict):
-        self.http = httpx.Client(timeout=60)
-        self.response = self.http.send(self.http.build_request("POST", f"{url}/v1/completions", json=body),
-                                       stream=True)
-        assert self.response.status_code == 200
-        self.lines = self.response.iter_lines()  # keep a reference: dropping the iterator closes the connection
-        for line in self.lines:
-            if line.startswith("data: "):
-                break
-
-    def read_to_end(self) -> list[str]:
-        return list(self.lines)
-
-    def close(self) -> None:
-        self.response.close()
-        self.http.close()
 
 
 def test_disconnect_mid_stream_cancels_and_keeps_the_cache_consistent(open_server):

@@ -10,15 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.gguf_crafted import ARRAY, INT32, STRING, corpus_file, tiny_llama
+from support.paths import REPO
 
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.reader import read_model_info
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def cli(*args) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(ROOT), "LLAMASPEC_NO_REPACK": "1", "GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": str(REPO), "LLAMASPEC_NO_REPACK": "1", "GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"}
     return subprocess.run([sys.executable, "-m", "llamaspec", *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=300)
 

@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("starlette")
 
-from test_server import start_server  # noqa: E402
+from support.servers import start_server  # noqa: E402
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 

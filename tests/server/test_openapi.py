@@ -18,7 +18,7 @@ pytest.importorskip("uvicorn")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from test_server import start_server  # noqa: E402
+from support.servers import start_server  # noqa: E402
 
 ADMIN_KEY = "admin-key"
 RUN = settings(max_examples=40, deadline=None, derandomize=True, database=None,

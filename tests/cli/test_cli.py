@@ -10,11 +10,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
+from support.paths import REPO
 
 from llamaspec import sysinfo
 from llamaspec.backend import supports_gpu_offload
@@ -156,7 +156,7 @@ def test_argument_text_that_is_not_utf8_is_one_line_usage_error(tiny_models, whe
 
 
 def test_undecodable_argv_bytes_are_one_line_usage_error(tiny_models):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-m", "llamaspec", "run", "-m", str(tiny_models["target"]), "-n", "1",
                              b"hi \xff"], capture_output=True, env=env, timeout=300)
     lines = result.stderr.decode("utf-8", "replace").strip().splitlines()

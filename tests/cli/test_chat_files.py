@@ -3,7 +3,7 @@ all or nothing and readable by the user alone (autosaved chats too, in a folder 
 read only a regular file, and no more of it than the context could hold.
 
 ChatSession's file commands use only the pair's paths and context size, so a stand-in pair (a crafted model's
-header, no weights loaded) drives them here; tests/test_chat_repl.py drives the same commands in a terminal."""
+header, no weights loaded) drives them here; tests/cli/test_chat_repl.py drives the same commands in a terminal."""
 from __future__ import annotations
 
 import json

@@ -12,7 +12,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from test_server import post, start_server  # noqa: E402
+from support.servers import post, start_server  # noqa: E402
 
 PROMPT = "Once upon a time"
 

@@ -10,7 +10,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from test_server import ADMIN_KEY, API_KEY, start_server  # noqa: E402
+from support.servers import ADMIN_KEY, API_KEY, start_server  # noqa: E402
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/json"}

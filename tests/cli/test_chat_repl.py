@@ -11,7 +11,8 @@ import sys
 
 import pytest
 from conftest import REAL_SMOLLM
-from test_cli_tmux import REPO, tmux  # noqa: F401  (the fixture)
+from support.paths import REPO
+from support.tmux import tmux  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.realmodel]
 

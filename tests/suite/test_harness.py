@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from support import fetch_models
 from support.home import REAL
 from support.near_tie import assert_same_or_near_tie
+from support.paths import REPO, TESTS
 from llamaspec.cli import main
 
-TESTS = Path(__file__).resolve().parent
 
 
 # -- the home folder -----------------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def test_a_chat_is_saved_in_the_temp_home_and_nothing_under_the_users(tiny_model
 # -- tiers ---------------------------------------------------------------------------------------------------------
 def run_pytest(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """pytest in a subprocess in `folder` (its rootdir) with `args`, and this suite's conftest as a plugin."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
                            "--rootdir", str(folder), *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=folder)

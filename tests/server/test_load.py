@@ -11,7 +11,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from test_server import HTTP, start_server  # noqa: E402  (tests/ is on sys.path through conftest)
+from support.servers import HTTP, start_server  # noqa: E402
 
 N_SEQUENTIAL = 200
 N_CLIENTS = 8

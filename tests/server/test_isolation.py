@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from test_server import assert_openai_error, health, post, start_server, wait_until  # noqa: E402
+from support.servers import assert_openai_error, health, post, start_server, wait_until  # noqa: E402
 
 N_SLOTS = 4
 N_CTX = 1024            # 256 tokens a slot

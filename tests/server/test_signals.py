@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 from conftest import REAL_DRAFT, REAL_TARGET  # noqa: E402
-from test_server import start_server  # noqa: E402  (tests/ is on sys.path through conftest)
+from support.servers import start_server  # noqa: E402
 
 pytestmark = [pytest.mark.realmodel]
 LONG_PROMPT = "Summarize the following log. " + "the quick brown fox jumps over the lazy dog; " * 300  # ~3,000 tokens

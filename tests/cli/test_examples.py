@@ -5,13 +5,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import REPO
 
 
 def run_script(path_or_code, *args, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLAMASPEC_NO_REPACK": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LLAMASPEC_NO_REPACK": "1"}
     if isinstance(path_or_code, str):
         script = tmp_path / "snippet.py"
         script.write_text(path_or_code, encoding="utf-8")
@@ -26,7 +25,7 @@ STATS = re.compile(r"^\d+ tokens, [\d.]+ tok/s", re.M)
 
 
 def test_readme_python_example_prints_the_stats_on_their_own_line(tiny_models, tmp_path):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     code = re.search(r"## Use it from Python\n\n```python\n(.*?)```", readme, re.S)[1]
     code = code.replace('"qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"', repr(str(tiny_models["target"])))
     code = code.replace('"qwen2.5-coder-0.5b-instruct.gguf"', repr(str(tiny_models["draft"])))
@@ -36,9 +35,9 @@ def test_readme_python_example_prints_the_stats_on_their_own_line(tiny_models, t
 
 
 def test_chat_turns_example_uses_pair_chat_and_reuses_the_cache(tiny_models, tmp_path):
-    source = (ROOT / "examples" / "chat_turns.py").read_text(encoding="utf-8")
+    source = (REPO / "examples" / "chat_turns.py").read_text(encoding="utf-8")
     assert "pair.chat(" in source and "ChatTemplate" not in source
-    out = run_script(ROOT / "examples" / "chat_turns.py", tiny_models["target"], tiny_models["draft"],
+    out = run_script(REPO / "examples" / "chat_turns.py", tiny_models["target"], tiny_models["draft"],
                      tmp_path=tmp_path)
     cached = [int(n) for n in re.findall(r"cached prompt tokens: (\d+)", out)]
     assert len(cached) == 2 and cached[0] == 0 and cached[1] > 0

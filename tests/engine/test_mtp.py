@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from support.arch_models import make_arch_model
 from support.mtp_models import make_mtp_model
 from support.chisq import CHI2_CRIT_0001, chi_square
+from support.paths import REPO
 
 from llamaspec import load_pair
 from llamaspec.backend import Context
@@ -289,12 +290,11 @@ def test_server_drafts_with_the_head_and_says_so(model_dir, tmp_path):
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
     path = make_mtp_model("glm4moe", model_dir, head="agree", trunk_mix=AGREE_MIX["glm4moe"])
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     log = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "llamaspec", "serve", "-m", str(path), "--spec-type", "draft-mtp", "--policy",
@@ -349,9 +349,8 @@ def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
     with k=3 a step emits 1 + a + a^2 + a^3 tokens on average (2.53 at a = 0.7), and greedy output is the trunk's x + c."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "synthetic" / "synth_mtp.py"
+    script = REPO / "benchmarks" / "synthetic" / "synth_mtp.py"
     out = tmp_path / "synth.gguf"
     run = subprocess.run([sys.executable, str(script), str(out), "--preset", "tiny", "--agree", "0.7"],
                          capture_output=True, text=True, timeout=300)

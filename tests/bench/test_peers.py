@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.compare import peers
 from support.llama_asserts import find_llama_src
+from support.paths import SUPPORT
 
 EXE = Path("/tools/llama-speculative-simple")
 DRAFT = peers.Case("T.gguf", "D.gguf", "draft-simple")
@@ -92,7 +93,7 @@ def fake_tools(tmp_path, monkeypatch):
     folder = tmp_path / "bin"
     folder.mkdir()
     exe = folder / "llama-server"
-    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "support" / "fake_llama_server.py").read_text())
+    exe.write_text(f"#!{sys.executable}\n" + (SUPPORT / "fake_llama_server.py").read_text())
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     log = tmp_path / "requests.jsonl"
     monkeypatch.setenv("FAKE_SERVER_LOG", str(log))

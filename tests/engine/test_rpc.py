@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 TOOLS = Path(os.environ.get("LLAMASPEC_LLAMA_TOOLS", "~/.cache/llamaspec/llama-tools/bin")).expanduser()
 SERVER = TOOLS / "rpc-server"
@@ -74,7 +75,7 @@ def rpc_server():
 
 @pytest.mark.slow
 def test_target_on_an_rpc_server_gives_the_same_text(tiny_models, rpc_server):
-    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(TOOLS), PYTHONPATH=str(Path(__file__).parents[1]))
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(TOOLS), PYTHONPATH=str(REPO))
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_models["target"]), str(tiny_models["noisy"]),
                           str(rpc_server), str(free_port())], env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REAL_SMOLLM
+from support.paths import REPO
 
 pytestmark = [pytest.mark.realmodel]
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Terminal:

@@ -1,6 +1,6 @@
 """`llamaspec serve --parallel N` on loopback: requests generated together each get the reply they get alone (none
 lost or mixed up), a client that leaves frees its slot at once, and the bounded queue still answers 429 beyond it.
-Tiny models (conftest's tiny_models), a real server process (test_server.start_server)."""
+Tiny models (conftest's tiny_models), a real server process (support/servers.py)."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from test_server import OpenStream, health, metric, post, start_server, wait_until  # noqa: E402
+from support.servers import OpenStream, health, metric, post, start_server, wait_until  # noqa: E402
 
 N_SLOTS = 4
 N_REQUESTS = 12

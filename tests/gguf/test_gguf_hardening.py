@@ -23,11 +23,11 @@ from support.arch_models import find_test_llama_archs, make_arch_model
 from conftest import REAL_DRAFT, REAL_GEMMA, REAL_SMOLLM, REAL_TARGET
 from support.gguf_crafted import CORPUS, MUTANT_SEEDS, parse, mutate, replay, tiny_llama
 from support.load_worker import LoadWorker
+from support.paths import REPO
 from llamaspec.backend.native import load_error
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.reader import read_model_info
 
-ROOT = Path(__file__).resolve().parent.parent
 FUZZ_SCALE = float(os.environ.get("LLAMASPEC_FUZZ_SCALE", "1"))
 # Seeds for the fuzzer besides tiny_llama(): small models of the architectures people run, when
 # test-llama-archs is built (plain attention, hybrid, recurrent, MoE, latent attention, sliding window).
@@ -274,7 +274,7 @@ def real_headers(real_models) -> dict[str, object]:
 def cli(*args, input_bytes: bytes | None = None, script: Path | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
     """A command in its own process (an abort there cannot take pytest down)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LLAMASPEC_NO_REPACK="1", GGML_NO_BACKTRACE="1")
+    env = dict(os.environ, PYTHONPATH=str(REPO), LLAMASPEC_NO_REPACK="1", GGML_NO_BACKTRACE="1")
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "llamaspec"]
     return subprocess.run(command + [str(a) for a in args], input=input_bytes, capture_output=True, env=env,
                           timeout=timeout)
@@ -327,5 +327,5 @@ def test_convert_scripts_refuse_a_crafted_model_in_one_line(script, extra, name,
     args = [corpus[name], tmp_path / "out.gguf", *extra]
     if script == "align_vocab.py":
         args = [corpus[name], corpus[name], tmp_path / "out.gguf"]
-    assert_one_error_line(cli(*args, "--quiet", script=ROOT / "convert" / script), str(corpus[name]))
+    assert_one_error_line(cli(*args, "--quiet", script=REPO / "convert" / script), str(corpus[name]))
     assert not list(tmp_path.iterdir())

@@ -2,67 +2,19 @@
 Ctrl-C in the middle of a reply, /stats, /exit. Skipped without tmux or without the real models."""
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from conftest import REAL_DRAFT, REAL_TARGET
+from support.paths import REPO
+from support.tmux import tmux  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 STATS = re.compile(r"tok/s \| acceptance \S+ \| [\d.]+ tok/pass \| draft \d+ \| first token ([\d.]+) s "
                    r"\((\d+)/(\d+) prompt tokens cached\)")
-
-
-class Tmux:
-    def __init__(self, name: str):
-        self.name = name
-
-    def start(self, command: str) -> None:
-        shell = f"{command}; echo EXIT=$?; sleep 600"
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "160", "-y", "50", shell], check=True)
-
-    def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
-
-    def type(self, text: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", text], check=True)
-        self.keys("Enter")
-
-    def screen(self) -> str:
-        out = subprocess.run(["tmux", "capture-pane", "-p", "-J", "-t", self.name, "-S", "-3000"],
-                             capture_output=True, text=True, check=True)
-        return out.stdout
-
-    def wait_for(self, predicate, timeout: float, what: str) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if predicate(screen):
-                return screen
-            if "EXIT=" in screen and "EXIT=" not in what:
-                break
-            time.sleep(0.3)
-        pytest.fail(f"timed out waiting for {what}; the terminal shows:\n{self.screen()[-3000:]}")
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
-
-
-@pytest.fixture
-def tmux():
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (apt-get install tmux)")
-    session = Tmux(f"llamaspec-test-{os.getpid()}")
-    yield session
-    session.kill()
 
 
 def reply_after(screen: str, message: str) -> str:

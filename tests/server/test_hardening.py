@@ -17,7 +17,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
-from test_server import HTTP, assert_openai_error, metric, post, start_server  # noqa: E402
+from support.servers import HTTP, assert_openai_error, metric, post, start_server  # noqa: E402
 
 N_CTX = 1024
 CORS_ORIGIN = "http://app.example"
@@ -436,20 +436,20 @@ def test_half_sent_headers_past_the_descriptor_limit_do_not_lock_out_the_next_cl
     log with 'Too many open files' tracebacks."""
     import resource
 
-    import test_server
+    from support import servers
 
     limit = 256
-    real_one_cpu = test_server._one_cpu
+    real_one_cpu = servers._one_cpu
 
     def low_limit():
         real_one_cpu()
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-    test_server._one_cpu = low_limit
+    servers._one_cpu = low_limit
     try:
         srv = start_server(tiny_models, tmp_path / "server.log", "--read-timeout", "30", n_ctx=256)
     finally:
-        test_server._one_cpu = real_one_cpu
+        servers._one_cpu = real_one_cpu
     stalled = []
     try:
         for _ in range(400):
@@ -474,7 +474,7 @@ def test_half_sent_headers_past_the_descriptor_limit_do_not_lock_out_the_next_cl
 def test_a_third_ctrl_c_ends_serve_without_a_traceback(tiny_models, tmp_path):
     import signal
 
-    from test_server import OpenStream
+    from support.servers import OpenStream
 
     srv = start_server(tiny_models, tmp_path / "server.log", "-np", "2", n_ctx=1024)
     try:

@@ -15,8 +15,7 @@ from pathlib import Path
 from llamaspec.backend import LoadWatcher, watch_loads
 from llamaspec.cli.loadline import LoadLine, load_line, placement
 from llamaspec.config import ModelConfig
-
-REPO = Path(__file__).resolve().parent.parent
+from support.paths import REPO
 
 
 @dataclass
