@@ -472,7 +472,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llamaspec-args", default="", help="more flags for llamaspec serve (one string)")
     p.add_argument("--llama-server-args", default="", help="more flags for llama-server")
     p.add_argument("--ik-args", default="", help="more flags for ik_llama.cpp's server")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per request [900]")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds a request may wait for the server's next byte (the first: its prefill) [900]")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to load [900]")
     p.add_argument("--out", help="the markdown report; the JSON dump goes beside it (.json)")
     return p
