@@ -153,7 +153,7 @@ def test_a_real_replay_reuses_the_cache_on_every_later_turn(real_models, tmp_pat
         pytest.skip(f"{REAL_MODEL} not in $LLAMASPEC_TEST_MODELS")
     out = tmp_path / "report.md"
     rc = replay.main(["--target", str(model), "--drafter", "none", "--server", "llamaspec", "--sessions",
-                      "agent-32k", "--target-tokens", "1500", "--turns", "3", "--max-tokens", "8", "--ctx", "2048",
+                      "agent-32k", "--target-tokens", "2000", "--max-turns", "3", "--max-tokens", "8", "--ctx", "3072",
                       "--no-repack", "--timeout", "120", "--start-timeout", "120", "--out", str(out),
                       "--llamaspec-args", "-t 2"])
     assert rc == 0, capsys.readouterr().err
