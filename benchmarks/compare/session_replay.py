@@ -1,0 +1,514 @@
+"""Session replay: scripted coding-agent sessions (sessions.py) sent turn by turn through the OpenAI chat endpoint
+of llamaspec `serve`, llama.cpp's llama-server and ik_llama.cpp's llama-server, one server after another, each
+started fresh for each session and sampling regime. Prints a markdown report (also to --out, with a JSON dump
+beside it) with every server's exact command.
+
+On a GPU machine, a qwen35 target whose MTP head is in the file (all three servers draft with it):
+
+    python benchmarks/compare/session_replay.py --target Qwen3.6-27B-Q4_K_M.gguf \\
+        --server llamaspec,llama-server,ik --llama-server LLAMA_CPP/build/bin/llama-server \\
+        --ik-server IK_LLAMA_CPP/build/bin/llama-server --sampling greedy,qwen --out session-replay.md
+
+A draft-model pair instead of the MTP head: add `--draft D.gguf`. llamaspec alone, one session, smaller:
+`--server llamaspec --sessions edit-32k --scale 0.25`. The CPU check (a tiny session, two servers):
+
+    python benchmarks/compare/session_replay.py --target qwen2.5-coder-0.5b-instruct.gguf --drafter none \\
+        --server llamaspec,llama-server --llama-server BIN/llama-server --target-tokens 2000 --max-tokens 16 \\
+        --ctx 4096 --no-repack --sampling greedy
+
+Each turn i POSTs /v1/chat/completions with the scripted history up to turn i, `tools`, `max_tokens`
+(--max-tokens, 256), stream=True with stream_options.include_usage; the next request carries the scripted assistant
+message, not the generated one (the divergence a real client causes). Per turn, from the server's own figures
+(llama-server's `timings`: prompt_n = tokens processed, cache_n = reused, predicted_n / predicted_ms; usage's
+prompt_tokens; ik_llama.cpp has no cache_n, usage's prompt_tokens_details.cached_tokens stands in):
+- processed, reused, prompt tokens; re-processed = processed - the prompt's growth since the previous turn (what a
+  cache that kept everything would not have done), beside the previous scripted answer's length in tokens (the
+  goal: re-processed <= it; counted with the target's tokenizer on the answer as Qwen's template renders it, else
+  estimated from its characters, marked ~);
+- TTFT: the client's clock, from sending the request to the first chunk with content, reasoning or a tool call
+  (llamaspec streams a tool call whole when it ends, llama.cpp piece by piece, so on a reply that opens with a
+  tool call TTFT is later on llamaspec: the server's prompt seconds, prompt_ms, are shown beside it);
+- decode tok/s: the server's predicted_per_second (llama.cpp counts predicted_n - 1 steps over predicted_ms,
+  llamaspec predicted_n), else predicted_n / predicted_ms, else the client's clock from the first content.
+Per session: wall seconds from the first request to the last answer (the server's load and a warm-up excluded).
+
+Servers (--server, run in the order given), each at its documented multi-turn settings for hybrid models plus what
+the case needs; the same context (-c), KV type (-ctk/-ctv), flash attention, one slot (-np 1), draft length (--k)
+and per-request sampling on all:
+- llamaspec serve: `--drafter mtp` (or -md D.gguf), --draft-max K; turn checkpoints are its default;
+- llama-server: `--spec-type draft-mtp` (or -md with draft-simple), --spec-draft-n-max K, --ctx-checkpoints 32,
+  --cache-ram 8192 (its defaults, said explicitly), --jinja (its default); no --cache-reuse (KV shifting does not
+  apply to a recurrent state);
+- ik_llama.cpp: `--spec-type mtp:n_max=K,p_min=0.0` (or draft:...), --jinja (off by default there),
+  --ctx-checkpoints 32, --cache-ram 8192.
+Sampling (--sampling): greedy (temperature 0) and qwen (Qwen's recommended T=0.6, top-k 20, top-p 0.95, min-p 0,
+seed 0). A server that fails to start or answers an error ends the run: the message names the server, the session,
+the turn and the server's log tail, and the exit status is 1. Servers are stopped at the end, on Ctrl-C and on
+SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+try:
+    from . import peers, sessions
+    from .bench_engine import hardware
+except ImportError:   # run as a script: its folder is on sys.path
+    import peers
+    import sessions
+    from bench_engine import hardware
+
+SERVERS = ("llamaspec", "llama-server", "ik")
+LABELS = {"llamaspec": "llamaspec serve", "llama-server": "llama-server", "ik": "ik_llama.cpp llama-server"}
+SAMPLING = {"greedy": {"temperature": 0.0},
+            "qwen": {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "seed": 0}}
+CACHE_RAM_MIB, CTX_CHECKPOINTS = 8192, 32
+
+
+class ReplayError(RuntimeError):
+    """A server that did not start or answered an error: the message says which and where."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Server commands
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    """What every server runs with."""
+    target: str
+    draft: str | None = None
+    drafter: str = "mtp"          # mtp (the target's head), draft (the --draft file), none
+    k: int = 3
+    n_ctx: int = 8192
+    n_gpu_layers: int = -1
+    kv_type: str = "f16"
+    flash_attn: str = "on"
+    no_repack: bool = False
+
+    def common(self) -> list[str]:
+        ngl = str(99 if self.n_gpu_layers < 0 else self.n_gpu_layers)
+        flags = ["-m", self.target, "-c", str(self.n_ctx), "-ngl", ngl, "-fa", self.flash_attn,
+                 "-ctk", self.kv_type, "-ctv", self.kv_type, "-np", "1"]
+        if self.drafter == "draft":
+            flags[2:2] = ["-md", self.draft]
+        return flags + (["--no-repack"] if self.no_repack else [])
+
+
+def llamaspec_cmd(launcher: list[str], setup: Setup, port: int, extra: list[str]) -> list[str]:
+    drafting = {"mtp": ["--drafter", "mtp"], "draft": ["--drafter", "model"], "none": ["--no-draft"]}[setup.drafter]
+    k = ["--draft-max", str(setup.k)] if setup.drafter != "none" else []
+    return [*launcher, "serve", *setup.common(), *drafting, *k, "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def llama_server_cmd(exe: str, setup: Setup, port: int, extra: list[str]) -> list[str]:
+    spec = {"mtp": ["--spec-type", "draft-mtp"], "draft": ["--spec-type", "draft-simple"], "none": []}[setup.drafter]
+    k = ["--spec-draft-n-max", str(setup.k)] if spec else []
+    return [exe, *setup.common(), *spec, *k, "--ctx-checkpoints", str(CTX_CHECKPOINTS), "--cache-ram",
+            str(CACHE_RAM_MIB), "--jinja", "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+def ik_server_cmd(exe: str, setup: Setup, port: int, extra: list[str]) -> list[str]:
+    stage = {"mtp": "mtp", "draft": "draft"}.get(setup.drafter)
+    spec = ["--spec-type", f"{stage}:n_max={setup.k},p_min=0.0"] if stage else []
+    common = [f for f in setup.common() if f != "--no-repack"]   # ik_llama.cpp repacks only with -rtr
+    return [exe, *common, *spec, "--jinja", "--ctx-checkpoints", str(CTX_CHECKPOINTS), "--cache-ram",
+            str(CACHE_RAM_MIB), "--host", "127.0.0.1", "--port", str(port), *extra]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One streamed request
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class Turn:
+    turn: int
+    prompt_tokens: int
+    processed: int
+    reused: int
+    ttft_s: float              # client: request sent -> first chunk with content, reasoning or a tool call
+    prompt_s: float            # the server's prompt_ms / 1000
+    decode_tps: float
+    decode_from: str           # "server" (its timings) or "client"
+    completion_tokens: int
+    wall_s: float              # the request, sent to [DONE]
+    drafted: int = 0
+    accepted: int = 0
+    growth: int | None = None          # prompt tokens - the previous turn's
+    reprocessed: int | None = None     # processed - growth
+    last_answer_tokens: int | None = None
+    last_answer_estimated: bool = False
+
+    @property
+    def within_goal(self) -> bool | None:
+        if self.reprocessed is None or self.last_answer_tokens is None:
+            return None
+        return self.reprocessed <= self.last_answer_tokens
+
+
+def stream_chat(port: int, body: dict, timeout: float) -> dict:
+    """POST /v1/chat/completions with stream=True; the figures of one turn (Turn's fields but turn and the diffs).
+    Raises ReplayError on an HTTP error, an error event in the stream, or a reply without usage or timings."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    t0 = time.perf_counter()
+    first = None
+    usage, timings = None, None
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise ReplayError(f"HTTP {response.status}: {response.read()[:500].decode(errors='replace')}")
+        for raw in response:
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not line.startswith("data:"):
+                if line.startswith("error:"):
+                    raise ReplayError(f"error event: {line[:500]}")
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise ReplayError(f"error in the stream: {json.dumps(chunk['error'])[:500]}")
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if first is None and any(delta.get(f) for f in ("content", "reasoning_content", "tool_calls")):
+                    first = time.perf_counter()
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
+    except (OSError, http.client.HTTPException) as e:   # a timeout, a reset, a server gone
+        raise ReplayError(f"{e.__class__.__name__}: {e}") from None
+    finally:
+        conn.close()
+    end = time.perf_counter()
+    if not timings or "prompt_n" not in timings:
+        raise ReplayError(f"the reply had no timings (prompt_n): usage={usage} timings={timings}")
+    processed = int(timings["prompt_n"])
+    cached = timings.get("cache_n")
+    if cached is None and usage:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    prompt_tokens = int(usage["prompt_tokens"]) if usage and "prompt_tokens" in usage else \
+        processed + int(cached or 0)
+    reused = int(cached) if cached is not None else prompt_tokens - processed
+    completion = int(timings.get("predicted_n", usage.get("completion_tokens", 0) if usage else 0))
+    first = first or end
+    if timings.get("predicted_per_second"):
+        tps, source = float(timings["predicted_per_second"]), "server"
+    elif timings.get("predicted_ms"):
+        tps, source = completion / (float(timings["predicted_ms"]) / 1e3), "server"
+    else:
+        tps, source = (completion / (end - first) if end > first else 0.0), "client"
+    return {"prompt_tokens": prompt_tokens, "processed": processed, "reused": reused, "ttft_s": first - t0,
+            "prompt_s": float(timings.get("prompt_ms", 0.0)) / 1e3, "decode_tps": tps, "decode_from": source,
+            "completion_tokens": completion, "wall_s": end - t0, "drafted": int(timings.get("draft_n", 0)),
+            "accepted": int(timings.get("draft_n_accepted", 0))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A session on a server
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    server: str
+    session: str
+    sampling: str
+    cmd: str
+    digest: str = ""
+    wall_s: float = 0.0
+    turns: list = field(default_factory=list)
+
+    def summary(self) -> dict:
+        t = self.turns
+        predicted = sum(x.completion_tokens / x.decode_tps for x in t if x.decode_tps > 0)
+        goal = [x.within_goal for x in t if x.within_goal is not None]
+        return {"wall_s": self.wall_s, "mean_ttft_s": sum(x.ttft_s for x in t) / len(t) if t else 0.0,
+                "processed": sum(x.processed for x in t), "reused": sum(x.reused for x in t),
+                "decode_tps": sum(x.completion_tokens for x in t) / predicted if predicted else 0.0,
+                "turns": len(t), "turns_within_goal": f"{sum(goal)}/{len(goal)}" if goal else "-"}
+
+
+def replay(port: int, session: sessions.Session, sampling: str, max_tokens: int, timeout: float,
+           answer_tokens: list, max_turns: int | None = None, on_turn=None) -> tuple[list[Turn], float]:
+    """The session's requests in order on a started server: its Turns and the wall seconds."""
+    turns: list[Turn] = []
+    n = len(session.requests) if max_turns is None else min(max_turns, len(session.requests))
+    t0 = time.perf_counter()
+    for i in range(n):
+        body = {"model": "session-replay", "messages": session.request_messages(i), "tools": list(session.tools),
+                "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                **SAMPLING[sampling]}
+        try:
+            figures = stream_chat(port, body, timeout)
+        except ReplayError as e:
+            raise ReplayError(f"turn {i} of {n}: {e}") from None
+        turn = Turn(i, **figures)
+        if turns:
+            turn.growth = turn.prompt_tokens - turns[-1].prompt_tokens
+            turn.reprocessed = turn.processed - turn.growth
+            turn.last_answer_tokens, turn.last_answer_estimated = answer_tokens[i - 1]
+        turns.append(turn)
+        if on_turn:
+            on_turn(turn)
+    return turns, time.perf_counter() - t0
+
+
+def rendered_answer(message: dict) -> str:
+    """An assistant message as Qwen's (Hermes-style) chat template renders it, near enough."""
+    text = message.get("content") or ""
+    for call in message.get("tool_calls", ()):
+        fn = call["function"]
+        text += "\n<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": json.loads(fn["arguments"])},
+                                               ensure_ascii=False) + "\n</tool_call>"
+    return "<|im_start|>assistant\n" + text + "<|im_end|>\n"
+
+
+def answer_lengths(session: sessions.Session, target: str) -> list[tuple[int, bool]]:
+    """Each scripted answer's length in tokens and whether it was estimated: the target's tokenizer (llama.cpp,
+    the vocabulary alone) where it loads, else characters / CHARS_PER_TOKEN."""
+    texts = [rendered_answer(session.scripted_answer(i)) for i in range(len(session.requests))]
+    counts = count_tokens(target, texts)
+    if counts is None:
+        return [(math.ceil(len(t) / sessions.CHARS_PER_TOKEN), True) for t in texts]
+    return [(n, False) for n in counts]
+
+
+def count_tokens(model_path: str, texts: list[str]) -> list[int] | None:
+    """Token counts of `texts` (special tokens parsed, no BOS) with a GGUF's vocabulary, or None where it does not
+    load."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params) if Path(model_path).is_file() \
+        else None
+    if not model:
+        return None
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        counts = []
+        for text in texts:
+            data = text.encode()
+            n_max = len(data) + 16
+            buf = (llama_cpp.llama_token * n_max)()
+            counts.append(int(llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, False, True)))
+        return counts
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def warm_up(port: int, timeout: float) -> None:
+    """One short request with an unrelated prompt (kernels loaded, nothing of the session cached)."""
+    stream_chat(port, {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "stream": True,
+                       "stream_options": {"include_usage": True}, "temperature": 0.0}, timeout)
+
+
+def server_command(name: str, a, setup: Setup, port: int) -> list[str]:
+    if name == "llamaspec":
+        return llamaspec_cmd(shlex.split(a.llamaspec), setup, port, shlex.split(a.llamaspec_args))
+    exe = a.llama_server if name == "llama-server" else a.ik_server
+    if not exe:
+        flag = "--llama-server" if name == "llama-server" else "--ik-server"
+        raise ReplayError(f"{LABELS[name]}: no binary given ({flag})")
+    if name == "llama-server":
+        return llama_server_cmd(exe, setup, port, shlex.split(a.llama_server_args))
+    return ik_server_cmd(exe, setup, port, shlex.split(a.ik_args))
+
+
+def run_all(a, setup: Setup, session_list: list, log_dir: Path, progress=print) -> list[Run]:
+    """Every server x session x sampling, a fresh server for each; stops at the first error (ReplayError)."""
+    runs = []
+    lengths = {s.name: answer_lengths(s, setup.target) for s in session_list}
+    for name in a.server:
+        for session in session_list:
+            for sampling in a.sampling:
+                port = peers.free_port()
+                cmd = server_command(name, a, setup, port)
+                log_path = log_dir / f"{name}-{session.name}-{sampling}.log"
+                where = f"{LABELS[name]}, session {session.name}, sampling {sampling}"
+                progress(f"start: {where}: {peers.shown(cmd)}")
+                try:
+                    server = peers.PeerServer(cmd, port, log_path, a.start_timeout, a.timeout)
+                except RuntimeError as e:
+                    raise ReplayError(f"{where}: the server did not start: {e}\n{log_tail(log_path)}") from None
+                with server:
+                    run = Run(name, session.name, sampling, peers.shown(cmd), session.digest)
+                    try:
+                        warm_up(port, a.timeout)
+                        run.turns, run.wall_s = replay(
+                            port, session, sampling, a.max_tokens, a.timeout, lengths[session.name], a.max_turns,
+                            on_turn=lambda t: progress(f"  turn {t.turn}: prompt {t.prompt_tokens}, processed "
+                                                       f"{t.processed}, TTFT {t.ttft_s:.2f} s"))
+                    except ReplayError as e:
+                        raise ReplayError(f"{where}: {e}\nserver log, last lines:\n{log_tail(log_path)}") from None
+                runs.append(run)
+    return runs
+
+
+def log_tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in lines[-n:]) or "(empty log)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------------------------
+def turn_table(run: Run) -> list[str]:
+    lines = ["| turn | prompt tokens | processed | reused | re-processed | last answer | within | TTFT s | "
+             "prompt s | decode tok/s | tokens |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t in run.turns:
+        answer = "" if t.last_answer_tokens is None else \
+            f"{'~' if t.last_answer_estimated else ''}{t.last_answer_tokens}"
+        within = {True: "yes", False: "**no**", None: ""}[t.within_goal]
+        again = "" if t.reprocessed is None else str(t.reprocessed)
+        tps = f"{t.decode_tps:.2f}" + ("" if t.decode_from == "server" else " (client)")
+        lines.append(f"| {t.turn} | {t.prompt_tokens} | {t.processed} | {t.reused} | {again} | {answer} | {within} | "
+                     f"{t.ttft_s:.3f} | {t.prompt_s:.3f} | {tps} | {t.completion_tokens} |")
+    return lines
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+
+
+def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str]) -> str:
+    files = [setup.target] + ([setup.draft] if setup.draft and setup.drafter == "draft" else [])
+    sizes = ", ".join(f"{Path(f).name} ({Path(f).stat().st_size / 2**20:.0f} MiB)" if Path(f).is_file()
+                      else Path(f).name for f in files)
+    drafter = {"mtp": f"the target's MTP head, draft length {setup.k}", "none": "none (plain decoding)",
+               "draft": f"draft model {Path(setup.draft or '').name}, draft length {setup.k}"}[setup.drafter]
+    lines = ["# Session replay", "", f"Hardware: {hardware}.", "", f"Model files: {sizes}. Drafter: {drafter}. "
+             f"Context {setup.n_ctx}, KV {setup.kv_type}, flash attention {setup.flash_attn}, one slot; "
+             f"max_tokens {a.max_tokens} per turn.", "",
+             "Sessions: " + "; ".join(f"{s.name} ({len(s.requests)} turns, ~{s.approx_tokens} tokens, digest "
+                                      f"{s.digest})" for s in session_list) + ".", "",
+             "Re-processed: tokens processed minus the prompt's growth since the previous turn; the goal is "
+             "re-processed <= the previous scripted answer's length (last answer; ~ estimated from characters).", "",
+             f"    python {shlex.join(argv)}", ""]
+    for run in runs:
+        lines += [f"## {LABELS[run.server]}: {run.session}, {run.sampling}", "", f"    {run.cmd}", "",
+                  *turn_table(run), ""]
+    lines += ["## Summary", "", "| server | session | sampling | wall s | mean TTFT s | processed | reused | "
+              "decode tok/s | turns within goal |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        s = run.summary()
+        lines.append(f"| {LABELS[run.server]} | {run.session} | {run.sampling} | {s['wall_s']:.2f} | "
+                     f"{s['mean_ttft_s']:.3f} | {s['processed']} | {s['reused']} | {s['decode_tps']:.2f} | "
+                     f"{s['turns_within_goal']} |")
+    ours = {(r.session, r.sampling): r.summary() for r in runs if r.server == "llamaspec"}
+    peer_runs = [r for r in runs if r.server != "llamaspec" and (r.session, r.sampling) in ours]
+    if peer_runs:
+        lines += ["", "## llamaspec / each peer", "", "Wall time and TTFT: peer's / llamaspec's (above 1: llamaspec "
+                  "faster); processed: llamaspec's / peer's (below 1: llamaspec processes less); decode: llamaspec's "
+                  "/ peer's.", "", "| peer | session | sampling | wall | TTFT | processed | decode |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in peer_runs:
+            o, p = ours[(r.session, r.sampling)], r.summary()
+            lines.append(f"| {LABELS[r.server]} | {r.session} | {r.sampling} | {ratio(p['wall_s'], o['wall_s'])} | "
+                         f"{ratio(p['mean_ttft_s'], o['mean_ttft_s'])} | {ratio(o['processed'], p['processed'])} | "
+                         f"{ratio(o['decode_tps'], p['decode_tps'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def dump(setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str]) -> dict:
+    return {"hardware": hardware, "argv": argv, "setup": asdict(setup),
+            "sessions": [{"name": s.name, "turns": len(s.requests), "approx_tokens": s.approx_tokens,
+                          "digest": s.digest} for s in session_list],
+            "runs": [{"server": r.server, "session": r.session, "sampling": r.sampling, "cmd": r.cmd,
+                      "digest": r.digest, "summary": r.summary(),
+                      "turns": [asdict(t) | {"within_goal": t.within_goal} for t in r.turns]} for r in runs]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+def names(choices):
+    def parse(text: str) -> list[str]:
+        got = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in got if n not in choices]
+        if bad or not got:
+            raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(choices)}")
+        return list(dict.fromkeys(got))
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--target", required=True, help="target GGUF (a qwen35 file carries its MTP head)")
+    p.add_argument("--draft", help="draft GGUF (a draft-model pair instead of the MTP head)")
+    p.add_argument("--drafter", choices=["mtp", "draft", "none"],
+                   help="mtp: the target's head; draft: --draft; none: plain [default: draft with --draft, else mtp]")
+    p.add_argument("--k", type=int, default=3, help="draft length (llamaspec: its longest) [3]")
+    p.add_argument("--server", type=names(SERVERS), default=["llamaspec"], help="llamaspec,llama-server,ik")
+    p.add_argument("--sessions", type=names(tuple(sessions.SESSIONS)), default=list(sessions.SESSIONS))
+    p.add_argument("--scale", type=float, default=1.0, help="multiply each session's target size")
+    p.add_argument("--target-tokens", type=int, help="each session's target size in tokens (overrides --scale)")
+    p.add_argument("--turns", type=int, help="turns per session (default: one per 3000 tokens, 3 to 20)")
+    p.add_argument("--max-turns", type=int, help="replay at most this many turns of each session")
+    p.add_argument("--sampling", type=names(tuple(SAMPLING)), default=["greedy"], help="greedy,qwen")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--ctx", type=int, help="context size (default: the largest session + max-tokens, +25%%)")
+    p.add_argument("--ngl", type=int, default=-1)
+    p.add_argument("--kv-type", default="f16", help="-ctk/-ctv on every server [f16]")
+    p.add_argument("--flash-attn", default="on", choices=["on", "off", "auto"])
+    p.add_argument("--no-repack", action="store_true", help="llama.cpp's CPU --no-repack (llamaspec, llama-server)")
+    p.add_argument("--llamaspec", default=f"{shlex.quote(sys.executable)} -m llamaspec",
+                   help="how to start llamaspec [this Python -m llamaspec]")
+    p.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    p.add_argument("--ik-server", help="ik_llama.cpp's llama-server binary")
+    p.add_argument("--llamaspec-args", default="", help="more flags for llamaspec serve (one string)")
+    p.add_argument("--llama-server-args", default="", help="more flags for llama-server")
+    p.add_argument("--ik-args", default="", help="more flags for ik_llama.cpp's server")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds a request may wait for the server's next byte (the first: its prefill) [900]")
+    p.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to load [900]")
+    p.add_argument("--out", help="the markdown report; the JSON dump goes beside it (.json)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parser().parse_args(argv)
+    drafter = a.drafter or ("draft" if a.draft else "mtp")
+    if drafter == "draft" and not a.draft:
+        parser().error("--drafter draft needs --draft FILE")
+    session_list = [sessions.build(n, a.scale, a.target_tokens, a.turns) for n in a.sessions]
+    largest = max(s.approx_tokens for s in session_list)
+    n_ctx = a.ctx or 1024 * math.ceil((largest + a.max_tokens) * 1.25 / 1024)
+    setup = Setup(a.target, a.draft, drafter, a.k, n_ctx, a.ngl, a.kv_type, a.flash_attn, a.no_repack)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # SystemExit: the servers' `with` blocks stop them
+    progress = lambda line: print(line, file=sys.stderr, flush=True)   # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="session-replay-") as tmp:
+        try:
+            runs = run_all(a, setup, session_list, Path(tmp), progress)
+        except ReplayError as e:
+            print(f"session replay failed: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("session replay interrupted; servers stopped", file=sys.stderr)
+            return 130
+    hw = hardware()
+    text = report(a, setup, session_list, runs, hw, ["benchmarks/compare/session_replay.py", *argv])
+    print(text, end="")
+    if a.out:
+        Path(a.out).write_text(text)
+        Path(a.out).with_suffix(".json").write_text(json.dumps(
+            dump(setup, session_list, runs, hw, argv), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

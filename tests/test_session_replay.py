@@ -1,0 +1,168 @@
+"""The session replay benchmark (benchmarks/compare/session_replay.py): its scripted sessions, the servers'
+commands, the client against a fake llama-server (the requests it sends, the figures it reads, a server error
+ending the run with the turn and the log), and one real replay against `llamaspec serve` on loopback."""
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.compare import session_replay as replay
+from benchmarks.compare import sessions
+
+REAL_MODEL = "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+# -- the sessions ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(sessions.SESSIONS))
+def test_a_session_is_deterministic_and_scales(name):
+    small = sessions.build(name, target_tokens=2000)
+    assert sessions.build(name, target_tokens=2000).digest == small.digest
+    full = sessions.build(name)
+    kind, size = sessions.SESSIONS[name]
+    assert 0.75 * size <= full.approx_tokens <= 1.25 * size
+    assert 10 <= len(full.requests) <= 21
+    assert 3 <= len(small.requests) <= 4 and small.approx_tokens <= 3000
+    assert len(full.tools) >= 8 and full.messages[0]["role"] == "system"
+
+
+def test_each_request_extends_the_last_by_its_scripted_answer():
+    s = sessions.build("agent-32k", target_tokens=20000)
+    for i in range(1, len(s.requests)):
+        before, now = s.request_messages(i - 1), s.request_messages(i)
+        assert now[:len(before)] == before
+        assert now[len(before)] == s.scripted_answer(i - 1)       # the scripted answer, not a generated one
+        assert now[-1]["role"] in ("tool", "user")
+    calls = [(m["tool_calls"][0]["function"], s.messages[i + 1]) for i, m in enumerate(s.messages)
+             if m.get("tool_calls")]
+    assert {"read_file", "grep", "run_command"} <= {call["name"] for call, _ in calls}
+    read, result = next((call, reply["content"]) for call, reply in calls if call["name"] == "read_file")
+    path = json.loads(read["arguments"])["path"]
+    first_line = (sessions.REPO / path).read_text().splitlines()[0]
+    assert result.splitlines()[0] == f"     1\t{first_line}"       # the file from disk, numbered
+
+
+def test_the_edit_session_rewrites_what_it_read_with_small_changes():
+    s = sessions.build("edit-32k")
+    calls = [json.loads(m["tool_calls"][0]["function"]["arguments"]) | {"tool": m["tool_calls"][0]["function"]["name"]}
+             for m in s.messages if m.get("tool_calls")]
+    writes = [c for c in calls if c["tool"] == "write_file"]
+    assert len(writes) >= 2
+    for w in writes:
+        original = (sessions.REPO / w["path"]).read_text()
+        kept = set(original.splitlines())
+        new = w["content"].splitlines()
+        assert len([line for line in new if line not in kept]) <= 2 and len(new) >= len(kept) * 0.9
+
+
+# -- the commands --------------------------------------------------------------------------------------------------
+SETUP = replay.Setup("T.gguf", None, "mtp", k=3, n_ctx=65536, kv_type="q8_0")
+
+
+def test_every_server_gets_the_same_context_kv_slot_and_draft_length():
+    ours = replay.llamaspec_cmd(["llamaspec"], SETUP, 8001, [])
+    server = replay.llama_server_cmd("/b/llama-server", SETUP, 8002, [])
+    ik = replay.ik_server_cmd("/ik/llama-server", SETUP, 8003, ["--spec-autotune"])
+    for cmd in (ours, server, ik):
+        flags = dict(zip(cmd, cmd[1:]))
+        assert (flags["-m"], flags["-c"], flags["-ctk"], flags["-ctv"], flags["-np"], flags["-fa"]) == \
+            ("T.gguf", "65536", "q8_0", "q8_0", "1", "on")
+        assert flags["--host"] == "127.0.0.1"
+    assert ours[ours.index("--drafter") + 1] == "mtp" and ours[ours.index("--draft-max") + 1] == "3"
+    assert server[server.index("--spec-type") + 1] == "draft-mtp"
+    assert server[server.index("--spec-draft-n-max") + 1] == "3"
+    assert {"--ctx-checkpoints", "--cache-ram", "--jinja"} <= set(server) and "--cache-reuse" not in server
+    assert ik[ik.index("--spec-type") + 1] == "mtp:n_max=3,p_min=0.0" and "--jinja" in ik
+    assert ik[-1] == "--spec-autotune"
+    plain = replay.Setup("T.gguf", None, "none", no_repack=True)
+    assert "--no-draft" in replay.llamaspec_cmd(["llamaspec"], plain, 1, [])
+    assert "--spec-type" not in replay.llama_server_cmd("s", plain, 1, []) and "--no-repack" in \
+        replay.llama_server_cmd("s", plain, 1, [])
+    assert "--no-repack" not in replay.ik_server_cmd("ik", plain, 1, [])
+    pair = replay.Setup("T.gguf", "D.gguf", "draft")
+    assert replay.llama_server_cmd("s", pair, 1, [])[1:5] == ["-m", "T.gguf", "-md", "D.gguf"]
+    assert "draft:n_max=3,p_min=0.0" in replay.ik_server_cmd("ik", pair, 1, [])
+
+
+# -- against a fake llama-server ------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_server(tmp_path, monkeypatch):
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "support" / "fake_llama_server.py").read_text())
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
+    target = tmp_path / "T.gguf"
+    target.write_bytes(b"not a model")
+    args = ["--target", str(target), "--drafter", "none", "--server", "llama-server", "--llama-server", str(exe),
+            "--target-tokens", "2000", "--max-tokens", "8", "--ctx", "4096", "--start-timeout", "30", "--timeout", "30"]
+    return args, log
+
+
+def test_the_replay_sends_the_scripted_history_and_reads_the_servers_figures(fake_server, tmp_path, capsys):
+    args, log = fake_server
+    out = tmp_path / "report.md"
+    assert replay.main(args + ["--sessions", "agent-32k,edit-32k", "--out", str(out)]) == 0
+    session = sessions.build("agent-32k", target_tokens=2000)
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    sent = [body for body in sent if body["messages"][0]["role"] == "system"]    # not the warm-ups
+    assert len(sent) == len(session.requests) + len(sessions.build("edit-32k", target_tokens=2000).requests)
+    for i, body in enumerate(sent[:len(session.requests)]):
+        assert body["messages"] == session.request_messages(i) and body["tools"] == list(session.tools)
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert body["max_tokens"] == 8 and body["temperature"] == 0.0
+    dump = json.loads(out.with_suffix(".json").read_text())
+    turns = dump["runs"][0]["turns"]
+    assert [t["turn"] for t in turns] == list(range(len(session.requests)))
+    for before, now in zip(turns, turns[1:]):
+        assert now["prompt_tokens"] > before["prompt_tokens"]
+        assert now["growth"] == now["prompt_tokens"] - before["prompt_tokens"]
+        assert now["reprocessed"] == now["processed"] - now["growth"]
+        assert now["reused"] > 0 and now["last_answer_estimated"]   # no tokenizer in a fake file: estimated
+    assert all(t["reused"] + t["processed"] == t["prompt_tokens"] for t in turns)
+    assert all(t["decode_tps"] == 250.0 and t["decode_from"] == "server" for t in turns)
+    text = capsys.readouterr().out
+    assert out.read_text() == text
+    assert "## llama-server: agent-32k, greedy" in text and "--ctx-checkpoints 32" in text
+    assert text.count("| llama-server | ") == 2    # the summary: one row per session
+
+
+def test_a_server_error_ends_the_run_naming_the_turn_and_the_log(fake_server, monkeypatch, capsys):
+    args, _ = fake_server
+    monkeypatch.setenv("FAKE_SERVER_CHAT_FAIL_AT", "2")     # the warm-up, then turn 0, then turn 1 fails
+    assert replay.main(args + ["--sessions", "edit-32k"]) == 1
+    err = capsys.readouterr().err
+    assert "llama-server, session edit-32k, sampling greedy: turn 1 of" in err
+    assert "HTTP 500" in err and "failed to decode the prompt" in err
+    assert "decode: failed to render request 2" in err          # the server's log tail
+
+
+def test_a_server_that_does_not_start_fails_the_run(fake_server, monkeypatch, capsys):
+    args, _ = fake_server
+    monkeypatch.setenv("FAKE_SERVER_FAIL", "1")
+    assert replay.main(args) == 1
+    assert "did not start" in capsys.readouterr().err
+
+
+# -- against llamaspec serve on loopback ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_real_replay_reuses_the_cache_on_every_later_turn(real_models, tmp_path, capsys):
+    model = real_models / REAL_MODEL
+    if not model.is_file():
+        pytest.skip(f"{REAL_MODEL} not in $LLAMASPEC_TEST_MODELS")
+    out = tmp_path / "report.md"
+    rc = replay.main(["--target", str(model), "--drafter", "none", "--server", "llamaspec", "--sessions",
+                      "agent-32k", "--target-tokens", "2000", "--max-turns", "3", "--max-tokens", "8", "--ctx", "3072",
+                      "--no-repack", "--timeout", "120", "--start-timeout", "120", "--out", str(out),
+                      "--llamaspec-args", "-t 2"])
+    assert rc == 0, capsys.readouterr().err
+    turns = json.loads(out.with_suffix(".json").read_text())["runs"][0]["turns"]
+    assert len(turns) == 3
+    for before, now in zip(turns, turns[1:]):
+        assert now["prompt_tokens"] > before["prompt_tokens"]
+        assert now["reused"] >= before["prompt_tokens"] - 8          # the cache kept: at least the last prompt
+        assert now["within_goal"] is True and not now["last_answer_estimated"]
+    assert all(t["reused"] + t["processed"] == t["prompt_tokens"] for t in turns)
+    assert all(t["completion_tokens"] > 0 and t["decode_tps"] > 0 for t in turns)
+    assert "## llamaspec serve: agent-32k, greedy" in out.read_text()
