@@ -4,12 +4,12 @@ ending the run with the turn and the log), and one real replay against `llamaspe
 import json
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.compare import session_replay as replay
 from benchmarks.compare import sessions
+from support.paths import SUPPORT
 
 REAL_MODEL = "qwen2.5-coder-0.5b-instruct.gguf"
 
@@ -89,7 +89,7 @@ def test_every_server_gets_the_same_context_kv_slot_and_draft_length():
 @pytest.fixture
 def fake_server(tmp_path, monkeypatch):
     exe = tmp_path / "llama-server"
-    exe.write_text(f"#!{sys.executable}\n" + (Path(__file__).parent / "support" / "fake_llama_server.py").read_text())
+    exe.write_text(f"#!{sys.executable}\n" + (SUPPORT / "fake_llama_server.py").read_text())
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     log = tmp_path / "requests.jsonl"
     monkeypatch.setenv("FAKE_SERVER_LOG", str(log))
