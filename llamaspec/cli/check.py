@@ -173,13 +173,16 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
               help="Draft layers on the GPU [default: as -ngl].")
 @click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True,
               help="The GPU whose free memory is planned for.")
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Slots (serve --parallel): each keeps its own recurrent state and turn checkpoints.")
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
               help="GPU memory in GiB [default: free memory nvidia-smi reports; without a GPU, a plan for this "
                    "machine's RAM].")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
 def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch,
-          cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, vram, assume_yes):
+          cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, n_parallel, vram,
+          assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
     the hub too: --pair and -hf read the headers with HTTP range requests, without downloading the files)."""
     from ..gguf.compat import compatibility_report
@@ -218,8 +221,9 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
         draft_info = None
     reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
+    # the prompt cache's budget (cache_ram) is planned once serve has one: Settings.of(..., cache_ram=bytes)
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
-                           n_rs_seq=rs_snapshots(config.target, policy_for(reach.drafting)))
+                           n_rs_seq=rs_snapshots(config.target, policy_for(reach.drafting)), n_parallel=n_parallel)
     for role, info in (("target", target_info), ("draft", draft_info or head_file)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
@@ -264,7 +268,32 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         click.echo("  no context fits with both models fully on the GPU")
     else:
         click.echo(f"  largest context with both models fully on the GPU: {full} (-c {full})")
+    if mtp is not None and draft_info is None and head_file is None:
+        click.echo("  largest context fully on the GPU with the MTP head: " + ", ".join(
+            f"{kv} KV {'none' if n is None else n}" for kv, n in largest_with_head(target_info, settings, plan)))
+    if plan.host_bytes:
+        click.echo(f"  host RAM beside the GPU: {gib(plan.host_bytes)} for {s_turns(settings)}")
     _notes(n_ctx, target_info, report, drafting_file)
+
+
+def largest_with_head(target_info, settings, plan) -> list[tuple[str, int | None]]:
+    """(KV type, largest context) with the MTP head's context too: as asked, and with a q8_0 cache if that is not."""
+    from ..gguf.memory import largest_full_context
+
+    kinds = [(f"{settings.type_k}/{settings.type_v}" if settings.type_k != settings.type_v else settings.type_k,
+              settings)]
+    if (settings.type_k, settings.type_v) != ("q8_0", "q8_0"):
+        kinds.append(("q8_0", replace(settings, type_k="q8_0", type_v="q8_0")))
+    return [(kv, largest_full_context(target_info, None, s, plan.vram_bytes, with_head=True)) for kv, s in kinds]
+
+
+def s_turns(settings) -> str:
+    """What the host memory holds: the slots' turn checkpoints, the prompt cache."""
+    slots = f"{settings.n_parallel} slots x " if settings.n_parallel > 1 else ""
+    parts = [f"{slots}{settings.n_checkpoints} turn checkpoints of the recurrent state"]
+    if settings.cache_ram:
+        parts.append(f"a prompt cache of {gib(settings.cache_ram)}")
+    return " and ".join(parts)
 
 
 def _notes(n_ctx, target_info, report, drafting_file) -> None:
