@@ -59,7 +59,7 @@ def describe_mtp_head(mtp) -> str:
 
 def print_plan(plan, vram_source: str) -> None:
     s = plan.settings
-    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}, "
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, micro-batch {s.n_ubatch}, "
                f"flash attention {'on' if s.flash_attn else 'off'}; GPU {plan.vram_bytes / 2**30:.1f} GiB "
                f"({vram_source})")
     state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
@@ -96,7 +96,7 @@ def print_cpu_plan(plan, mtp_added: int | None) -> None:
     from .. import sysinfo
 
     s = plan.settings
-    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}; no GPU found: "
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, micro-batch {s.n_ubatch}; no GPU found: "
                "runs on the CPU (--vram GiB plans for a GPU)")
     state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
     rows = [("", "weights", "KV cache") + (("state",) if state else ()) + ("compute", "RAM")]
@@ -159,7 +159,9 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
 @click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
               show_default=f"{_MODEL.n_ctx}, or the --pair entry's", help="Context size in tokens to plan for.")
 @click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=None, show_default=str(_MODEL.n_batch),
-              help="Tokens per prompt-processing batch (sizes the compute buffers).")
+              help="Tokens per prompt-processing batch (llama_decode call).")
+@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=None,
+              show_default=str(_MODEL.n_ubatch), help="Tokens per physical batch, at most -b (sizes the compute buffers).")
 @click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default=None,
               show_default=f"{_MODEL.cache_type_k}, or the --pair entry's", help="KV cache type of the keys.")
 @click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default=None,
@@ -180,7 +182,7 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
                    "machine's RAM].")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
-def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch,
+def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch, n_ubatch,
           cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, n_parallel, vram,
           assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
@@ -211,7 +213,7 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
 
         defaults = get_pair(pair_name).defaults()
     config = LoadConfig().replace(**defaults).replace(
-        n_ctx=n_ctx, n_batch=n_batch, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers)
     n_ctx, n_gpu_layers = config.target.n_ctx, config.target.n_gpu_layers
     draft_n_gpu_layers = config.draft.n_gpu_layers if config.draft is not None else None
