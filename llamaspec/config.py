@@ -38,8 +38,9 @@ class ModelConfig:
     no_repack: bool = False                  # True turns off llama.cpp's CPU weight repacking
     # context (llama.cpp's context parameters)
     n_ctx: int = DEFAULT_N_CTX
-    n_batch: int = 512
-    n_ubatch: int | None = None              # tokens per physical batch (llama.cpp's -ub); None: n_batch
+    n_batch: int = 2048                      # tokens per llama_decode call (a prompt's chunk): llama-server's -b
+    n_ubatch: int | None = 512               # tokens per physical batch (llama.cpp's -ub, at most n_batch; None:
+                                             # n_batch): llama-server's, sizes the compute buffers
     n_threads: int | None = None             # None: physical cores
     flash_attn: str = "auto"                 # one of FLASH_ATTN_MODES
     cache_type_k: str = "f16"                # one of CACHE_TYPES

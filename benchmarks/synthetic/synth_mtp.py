@@ -1,38 +1,57 @@
 """A synthetic qwen35-shaped model with a multi-token-prediction (MTP) head that agrees with the trunk at a known
-rate: a speed benchmark for MTP drafting that needs no download.
+rate: a speed benchmark for MTP drafting that needs no download. The 27B with Qwen's tokenizer and chat template,
+as the agent-session benchmarks use it (VOCAB: llama.cpp's models/ggml-vocab-qwen35.gguf):
+
+    python benchmarks/synthetic/synth_mtp.py qwen35-27b-mtp.gguf --preset 27b --agree 0.7 --vocab VOCAB \
+        --chat-template benchmarks/synthetic/templates/Qwen3.5-4B.jinja
 
     python benchmarks/synthetic/synth_mtp.py OUT.gguf [--preset 27b|tiny] [--agree 0.7] [--scale S] [--seed 0]
+        [--vocab VOCAB.gguf] [--chat-template FILE] [--header-only]
 
 Shapes (--preset 27b) follow Qwen3.6-27B: width 5120, 64 blocks (every 4th full attention with 24 query heads,
 4 KV heads of 256; the others gated delta-net with 16 key heads and 48 value heads of 128), FFN 17408, a 248320-token
 vocabulary, and one nextn block. Every matrix of the blocks is Q4_K and zero (the GPU multiplies zeros as fast as
 anything), the embeddings and output matrix are Q8_0, so a token costs what a Q4 model of that size costs (27.3B
 parameters, 15.6 GiB, 865 tensors). `tiny` is the same structure at width 256 for a CPU smoke test.
+--header-only writes the header and leaves the tensor data a hole (a sparse file of the full size), for what reads
+headers only (`llamaspec check`).
 
 What the weights compute. The blocks write nothing into the residual stream, so the trunk's hidden state is
-rms_norm(e(x)) of the current token and its next token is sigma(x) = x + c mod V (one cycle over the vocabulary):
-the output row sigma(x) is `scale * e(x)/|e(x)|`, so that logit is scale * sqrt(n_embd) and the others
-scale * sqrt(n_embd) * cos(e(x), e(y)), about scale * N(0, 1) (--scale sets how peaked p is at a temperature).
-The head reads concat(enorm(e), hnorm(h)) through eh_proj = [I | 0] (the token-embedding half) and shares the
-embeddings, the output matrix and the output norm, so it predicts sigma(x) too, except for a set D of tokens
-(1 - agree of the vocabulary, drawn at random): their embedding is e(alias(x)) on the first 7/8 of the dimensions
-plus a 4x longer part on the last 1/8, and the head's enorm is 0 there. The trunk still predicts sigma(x) (the long
-part dominates and the output row follows it); the head sees only e(alias(x)) and predicts sigma(alias(x)). A draft
-token is therefore accepted (greedy) exactly when the token it follows is not in D: each position independently with
-probability ~ agree, and the head's own hidden state (chained drafts) changes nothing.
+rms_norm(e(x)) of the current token and its next token is sigma(x), where sigma runs through the "good" tokens G in
+one cycle (g_i -> g_{i + c mod |G|}): the output row sigma(x) is `scale * e(x)/|e(x)|`, so that logit is
+scale * sqrt(n_embd) and the others scale * sqrt(n_embd) * cos(e(x), e(y)), about scale * N(0, 1) (--scale sets how
+peaked p is at a temperature). The head reads concat(enorm(e), hnorm(h)) through eh_proj = [I | 0] (the
+token-embedding half) and shares the embeddings, the output matrix and the output norm, so it predicts sigma(x) too,
+except for a set D of tokens (1 - agree of G, drawn at random): their embedding is e(alias(x)) on the first 7/8 of
+the dimensions plus a 4x longer part on the last 1/8, and the head's enorm is 0 there. The trunk still predicts
+sigma(x) (the long part dominates and the output row follows it); the head sees only e(alias(x)) and predicts
+sigma(alias(x)). A draft token is therefore accepted (greedy) exactly when the token it follows is not in D: each
+position independently with probability ~ agree, and the head's own hidden state (chained drafts) changes nothing.
 
-The tokenizer is llama.cpp's test vocabulary (tokens "tok_0".., no BOS/EOS): any text tokenizes, generation never
-stops early. llamaspec and llama.cpp's tools both load the file.
+The tokenizer. By default llama.cpp's test vocabulary (tokens "tok_0".., no BOS/EOS): G is the whole vocabulary
+(sigma(x) = x + c mod V), any text tokenizes, generation never stops early. --vocab copies a vocab-only GGUF's
+tokenizer (every tokenizer.* key; the token list padded with unused [PAD<id>] tokens up to the preset's vocabulary,
+as Qwen's files are padded, or the preset takes the file's size where that is larger) and --chat-template writes
+tokenizer.chat_template. Random tokens of a real vocabulary are not text (byte pieces of UTF-8, control tokens, an
+end of generation), so G is then the normal tokens that decode on their own to a plain word or identifier (an
+optional leading space) or one of a few code punctuation pieces, byte-level BPE mapped back to bytes: text a chat
+template's parsers read as plain content. Every other token x behaves as a good token (its embedding is that of a
+random good token), so sigma maps every token into G; and its output row reads only dimension 0, which every
+embedding carries at BIAS x its length and no good row reads: its logit is about -BAD_ROW x BIAS x sqrt(n_embd), so
+no sampler ever picks it. Generated text is therefore valid UTF-8 at any temperature, and never ends early.
+llamaspec, llama.cpp and ik_llama.cpp load the files (ik_llama.cpp does not know the test vocabulary).
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
 PRESETS = {
@@ -47,23 +66,106 @@ FULL_ATTENTION_INTERVAL = 4
 ROWS_PER_CHUNK = 4096
 B_FRACTION = 8          # the last n_embd / B_FRACTION dimensions carry the D tokens' long part
 B_LENGTH = 4.0          # |long part| / |short part|
+BIAS = 0.125            # dimension 0 of every embedding (with a real vocabulary): BIAS x |dimensions 1..n_a|
+BAD_ROW = 256.0         # -dimension 0 of a token's output row outside G: its logit ~ -BAD_ROW * BIAS * sqrt(n_embd)
+# the text of a good token: a word or identifier with an optional leading space, or a code punctuation piece
+GOOD_TEXT = re.compile(r" ?[A-Za-z_][A-Za-z0-9_]*|\n|[.,:;()]| =| \+| -")
+
+
+def gpt2_byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's alphabet back to bytes: GPT-2's bytes_to_unicode, inverted (printable bytes stand for
+    themselves, the others for chr(256 + k))."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + k): b for k, b in enumerate(others)}}
+
+
+def good_tokens(tokens: list[str], token_types: list[int]) -> np.ndarray:
+    """The ids of the normal tokens whose bytes are, on their own, valid UTF-8 matching GOOD_TEXT."""
+    decoder = gpt2_byte_decoder()
+    good = []
+    for i, (piece, kind) in enumerate(zip(tokens, token_types)):
+        if kind != TokenType.NORMAL:
+            continue
+        try:
+            text = bytes(decoder[ch] for ch in piece).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue
+        if GOOD_TEXT.fullmatch(text):
+            good.append(i)
+    return np.array(good, dtype=np.int64)
+
+
+class Tokenizer:
+    """The tokenizer.* fields of a vocab-only GGUF, the token list padded to n_vocab with unused tokens."""
+
+    def __init__(self, path: Path, n_vocab: int, chat_template: str | None):
+        reader = GGUFReader(path)
+        self.fields = {key: (field.types, field.contents()) for key, field in reader.fields.items()
+                       if key.startswith("tokenizer.")}
+        if "tokenizer.ggml.tokens" not in self.fields or "tokenizer.ggml.token_type" not in self.fields:
+            raise SystemExit(f"error: {path} has no token list and token types")
+        tokens, types = (self.fields[k][1] for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
+        if self.fields["tokenizer.ggml.model"][1] != "gpt2":
+            raise SystemExit(f"error: {path}: a byte-level BPE (gpt2) vocabulary is needed to tell text tokens apart")
+        self.good = good_tokens(tokens, types)
+        self.n_vocab = max(n_vocab, len(tokens))
+        pad = range(len(tokens), self.n_vocab)
+        self.fields["tokenizer.ggml.tokens"] = (self.fields["tokenizer.ggml.tokens"][0],
+                                                tokens + [f"[PAD{i}]" for i in pad])
+        self.fields["tokenizer.ggml.token_type"] = (self.fields["tokenizer.ggml.token_type"][0],
+                                                    types + [int(TokenType.UNUSED)] * len(pad))
+        if "tokenizer.ggml.scores" in self.fields:
+            self.fields["tokenizer.ggml.scores"] = (self.fields["tokenizer.ggml.scores"][0],
+                                                    self.fields["tokenizer.ggml.scores"][1] + [0.0] * len(pad))
+        if chat_template is not None:
+            self.fields["tokenizer.chat_template"] = ([GGUFValueType.STRING], chat_template)
+
+    def write(self, w: GGUFWriter) -> None:
+        for key, (types, value) in self.fields.items():
+            if types[0] == GGUFValueType.ARRAY:
+                w.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=types[-1])
+            else:
+                w.add_key_value(key, value, types[0])
 
 
 class Vocabulary:
-    """The embeddings and the output matrix, row by row (deterministic in the seed)."""
+    """The embeddings and the output matrix, row by row (deterministic in the seed), for the cycle sigma over the
+    good tokens `good` (all of them by default)."""
 
-    def __init__(self, n_vocab: int, n_embd: int, agree: float, seed: int):
+    def __init__(self, n_vocab: int, n_embd: int, agree: float, seed: int, good: np.ndarray | None = None):
         self.n_vocab, self.n_embd, self.seed = n_vocab, n_embd, seed
         self.n_a = n_embd - n_embd // B_FRACTION
         rng = np.random.default_rng(seed)
-        self.step = next(c for c in range(n_vocab // 3, n_vocab) if np.gcd(c, n_vocab) == 1)  # sigma(x) = x + c
-        self.in_d = rng.random(n_vocab) >= agree                 # the tokens the head mispredicts
-        agreeing = np.flatnonzero(~self.in_d)
+        self.good = np.arange(n_vocab) if good is None else np.asarray(good)
+        is_good = np.zeros(n_vocab, dtype=bool)
+        is_good[self.good] = True
+        self.bias = not is_good.all()          # dimension 0 marks the tokens outside G (a real vocabulary)
+        n_good = len(self.good)
+        self.step = next(c for c in range(n_good // 3, n_good) if np.gcd(c, n_good) == 1)  # g_i -> g_{i+c}
+        self.in_d = (rng.random(n_vocab) >= agree) & is_good     # the tokens the head mispredicts
+        agreeing = np.flatnonzero(is_good & ~self.in_d)
         if len(agreeing) == 0:
             raise SystemExit("error: --agree leaves no token the head predicts right")
         # alias(x): an agreeing token other than x (a random one)
         self.alias = agreeing[rng.integers(0, len(agreeing), n_vocab)]
-        self.alias[~self.in_d] = np.flatnonzero(~self.in_d)
+        self.alias[agreeing] = agreeing
+        # source(x): the good token x behaves as (itself if good, else a random good one)
+        self.source = np.arange(n_vocab)
+        if self.bias:
+            self.source[~is_good] = self.good[rng.integers(0, n_good, int((~is_good).sum()))]
+        cycle_next = np.roll(self.good, -self.step)             # sigma(g_i) = g_{i + c mod |G|}
+        self.sigma = np.empty(n_vocab, dtype=np.int64)
+        self.sigma[self.good] = cycle_next
+        self.sigma = self.sigma[self.source]
+        self.before = np.full(n_vocab, -1, dtype=np.int64)      # the good x with sigma(x) = row, or -1
+        self.before[cycle_next] = self.good
+
+    @property
+    def agreement(self) -> float:
+        """The fraction of G the head predicts right."""
+        return 1.0 - float(self.in_d[self.good].mean())
 
     def _base(self, tokens: np.ndarray) -> np.ndarray:
         """e_A(x): a standard normal vector on the first n_a dimensions, drawn per token."""
@@ -73,16 +175,40 @@ class Vocabulary:
         return out
 
     def embeddings(self, tokens: np.ndarray) -> np.ndarray:
-        """e(x) = e_A(x), or e_A(alias(x)) + a part B_LENGTH times longer on the last dimensions for x in D."""
-        e = self._base(self.alias[tokens])
-        for i in np.flatnonzero(self.in_d[tokens]):
-            long = np.random.default_rng((self.seed, int(tokens[i]), 1)).standard_normal(self.n_embd - self.n_a)
+        """e(x) = e_A(x), or e_A(alias(x)) + a part B_LENGTH times longer on the last dimensions for x in D; of
+        source(x) for a token outside G; dimension 0 set to BIAS x |e_A| with a real vocabulary."""
+        source = self.source[tokens]
+        e = self._base(self.alias[source])
+        for i in np.flatnonzero(self.in_d[source]):
+            long = np.random.default_rng((self.seed, int(source[i]), 1)).standard_normal(self.n_embd - self.n_a)
             e[i, self.n_a:] = B_LENGTH * np.linalg.norm(e[i]) * long / np.linalg.norm(long)
+        if self.bias:
+            e[:, 0] = BIAS * np.linalg.norm(e[:, 1:self.n_a], axis=1)
         return e
 
     def output_rows(self, rows: np.ndarray, scale: float) -> np.ndarray:
-        e = self.embeddings((rows - self.step) % self.n_vocab)     # row sigma(x) belongs to x = row - c
-        return scale * e / np.linalg.norm(e, axis=1, keepdims=True)
+        """Row sigma(x) = scale * e(x)/|e(x)| (without dimension 0) for x in G; (-BAD_ROW, 0, ...) for the rest."""
+        x = self.before[rows]
+        out = np.zeros((len(rows), self.n_embd), dtype=np.float32)
+        ok = x >= 0
+        e = self.embeddings(x[ok])
+        if self.bias:
+            e[:, 0] = 0.0
+        out[ok] = scale * e / np.linalg.norm(e, axis=1, keepdims=True)
+        out[~ok, 0] = -BAD_ROW
+        return out
+
+
+def default_scale(n_embd: int, n_good: int, p_top: float = 0.75, temperature: float = 0.8) -> float:
+    """The logit scale s giving p(top) ~ p_top at a temperature: top logit s sqrt(n_embd), the other n_good - 1
+    about s N(0, 1), so p = e^a / (e^a + (n_good - 1) e^(s^2 / 2T^2)) with a = s sqrt(n_embd) / T (bisection)."""
+    lo, hi = 0.0, 10.0
+    for _ in range(60):
+        s = (lo + hi) / 2
+        a = s * np.sqrt(n_embd) / temperature
+        tail = np.log(n_good - 1) + s * s / (2 * temperature ** 2)
+        lo, hi = (s, hi) if 1 / (1 + np.exp(tail - a)) < p_top else (lo, s)
+    return round(lo, 3)
 
 
 def quantized_matrix(make_rows, n_rows: int, n_cols: int, qtype: Q, probe=None) -> np.ndarray:
@@ -134,7 +260,7 @@ def tensor_plan(p: dict) -> list[tuple[str, tuple[int, ...], str]]:
     return plan
 
 
-def write_metadata(w: GGUFWriter, p: dict) -> None:
+def write_metadata(w: GGUFWriter, p: dict, tokenizer: Tokenizer | None) -> None:
     a = ARCH
     w.add_name(f"synthetic {a} with an MTP head")
     for key, value, vtype in [
@@ -157,6 +283,9 @@ def write_metadata(w: GGUFWriter, p: dict) -> None:
         w.add_key_value(f"{a}.{key}", value, vtype)
     w.add_key_value(f"{a}.rope.dimension_sections", list(p["sections"]), GGUFValueType.ARRAY,
                     sub_type=GGUFValueType.INT32)
+    if tokenizer is not None:
+        tokenizer.write(w)
+        return
     w.add_tokenizer_model("test")                       # llama.cpp's test vocabulary: no BOS/EOS, hashes any text
     w.add_token_list([f"tok_{i}" for i in range(p["n_vocab"])])
     w.add_token_scores([0.0] * p["n_vocab"])
@@ -169,18 +298,36 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--agree", type=float, default=0.7, help="fraction of the vocabulary the head predicts right")
     ap.add_argument("--scale", type=float, default=None,
-                    help="output logit scale [default: 0.15 at 27b, 0.47 at tiny: p(top) ~ 0.75 at T=0.8]")
+                    help="output logit scale [default: p(top) ~ 0.75 at T=0.8: 0.15 at 27b, 0.47 at tiny with the "
+                         "test vocabulary; solved for the good tokens with --vocab]")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=Path, help="a vocab-only GGUF whose tokenizer the model takes (byte-level BPE: "
+                    "llama.cpp's models/ggml-vocab-qwen35.gguf) [default: llama.cpp's test vocabulary]")
+    ap.add_argument("--chat-template", type=Path, help="a Jinja file written as tokenizer.chat_template")
+    ap.add_argument("--header-only", action="store_true",
+                    help="write the header only, the tensor data a hole of its size (for header readers: check)")
     a = ap.parse_args()
     if not 0.0 < a.agree <= 1.0:
         ap.error("--agree must be in (0, 1]")
-    p = PRESETS[a.preset]
-    scale = a.scale if a.scale is not None else (0.15 if a.preset == "27b" else 0.47)
+    p = dict(PRESETS[a.preset])
+    template = a.chat_template.read_text(encoding="utf-8") if a.chat_template is not None else None
+    tokenizer = Tokenizer(a.vocab, p["n_vocab"], template) if a.vocab is not None else None
+    if template is not None and tokenizer is None:
+        ap.error("--chat-template needs --vocab (the test vocabulary has no special tokens to template with)")
+    if tokenizer is not None:
+        p["n_vocab"] = tokenizer.n_vocab
+    good = tokenizer.good if tokenizer is not None else None
+    if a.scale is not None:
+        scale = a.scale
+    elif tokenizer is not None:
+        scale = default_scale(p["n_embd"], len(good))
+    else:
+        scale = 0.15 if a.preset == "27b" else 0.47
     t0 = time.perf_counter()
-    vocab = Vocabulary(p["n_vocab"], p["n_embd"], a.agree, a.seed)
+    vocab = Vocabulary(p["n_vocab"], p["n_embd"], a.agree, a.seed, good)
 
     # probe: the target's p(top) at T = 0.8 for a few tokens, from the output matrix as it is built
-    probe_tokens = np.arange(0, p["n_vocab"], max(1, p["n_vocab"] // 16))[:16]
+    probe_tokens = vocab.good[np.arange(0, len(vocab.good), max(1, len(vocab.good) // 16))[:16]]
     h = vocab.embeddings(probe_tokens)
     h *= np.sqrt(p["n_embd"]) / np.linalg.norm(h, axis=1, keepdims=True)      # rms_norm with unit weights
     logits = np.zeros((len(probe_tokens), p["n_vocab"]), dtype=np.float64)
@@ -189,20 +336,31 @@ def main() -> None:
         logits[:, rows] = h @ block.T
 
     w = GGUFWriter(str(a.out), ARCH)
-    write_metadata(w, p)
+    write_metadata(w, p, tokenizer)
     plan = tensor_plan(p)
     q4_block, q4_size = GGML_QUANT_SIZES[Q.Q4_K]
+    n_bytes = {}
     for name, shape, kind in plan:
         n = int(np.prod(shape))
         if kind == "zero":      # (the dtype only says "element shape", not bytes)
-            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n // q4_block * q4_size, Q.Q4_K)
+            n_bytes[name] = n // q4_block * q4_size
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes[name], Q.Q4_K)
         elif kind in ("embd", "output", "eh_proj"):
-            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n // 32 * 34, Q.Q8_0)
+            n_bytes[name] = n // 32 * 34
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes[name], Q.Q8_0)
         else:
-            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n * 4, Q.F32)
+            n_bytes[name] = n * 4
+            w.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes[name], Q.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if a.header_only:
+        start = GGUFWriter.ggml_pad(w.fout[0].tell(), w.data_alignment)
+        w.close()
+        os.truncate(a.out, start + sum(GGUFWriter.ggml_pad(n, w.data_alignment) for n in n_bytes.values()))
+        print(f"wrote the header of {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, a hole after the header)",
+              file=sys.stderr)
+        return
     zeros = np.zeros(max(int(np.prod(s)) for _, s, k in plan if k == "zero") // q4_block * q4_size, dtype=np.uint8)
     n_embd = p["n_embd"]
     for name, shape, kind in plan:
@@ -226,10 +384,10 @@ def main() -> None:
 
     z = logits / 0.8
     p_top = np.exp(z.max(axis=1) - np.logaddexp.reduce(z, axis=1))
-    argmax_ok = np.mean(logits.argmax(axis=1) == (probe_tokens + vocab.step) % p["n_vocab"])
+    argmax_ok = np.mean(logits.argmax(axis=1) == vocab.sigma[probe_tokens])
     print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, {a.preset}) in {time.perf_counter() - t0:.0f} s: "
-          f"head agreement {1 - vocab.in_d.mean():.3f} of the vocabulary (asked {a.agree}); the trunk's argmax is "
-          f"x + {vocab.step} for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
+          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked {a.agree}); the trunk's "
+          f"argmax is sigma(x) for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
           f"{np.median(p_top):.2f} (scale {scale})", file=sys.stderr)
 
 

@@ -59,7 +59,7 @@ def describe_mtp_head(mtp) -> str:
 
 def print_plan(plan, vram_source: str) -> None:
     s = plan.settings
-    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}, "
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, micro-batch {s.n_ubatch}, "
                f"flash attention {'on' if s.flash_attn else 'off'}; GPU {plan.vram_bytes / 2**30:.1f} GiB "
                f"({vram_source})")
     state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
@@ -96,7 +96,7 @@ def print_cpu_plan(plan, mtp_added: int | None) -> None:
     from .. import sysinfo
 
     s = plan.settings
-    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, batch {s.n_ubatch}; no GPU found: "
+    click.echo(f"Memory plan: context {s.n_ctx}, KV cache {s.type_k}/{s.type_v}, micro-batch {s.n_ubatch}; no GPU found: "
                "runs on the CPU (--vram GiB plans for a GPU)")
     state = any(m.recurrent for m in plan.models)  # a recurrent state column only where there is one
     rows = [("", "weights", "KV cache") + (("state",) if state else ()) + ("compute", "RAM")]
@@ -159,7 +159,9 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
 @click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=None,
               show_default=f"{_MODEL.n_ctx}, or the --pair entry's", help="Context size in tokens to plan for.")
 @click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=None, show_default=str(_MODEL.n_batch),
-              help="Tokens per prompt-processing batch (sizes the compute buffers).")
+              help="Tokens per prompt-processing batch (llama_decode call).")
+@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=None,
+              show_default=str(_MODEL.n_ubatch), help="Tokens per physical batch, at most -b (sizes the compute buffers).")
 @click.option("-ctk", "--cache-type-k", "cache_type_k", type=KV_CHOICES, default=None,
               show_default=f"{_MODEL.cache_type_k}, or the --pair entry's", help="KV cache type of the keys.")
 @click.option("-ctv", "--cache-type-v", "cache_type_v", type=KV_CHOICES, default=None,
@@ -173,13 +175,16 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
               help="Draft layers on the GPU [default: as -ngl].")
 @click.option("-mg", "--main-gpu", "main_gpu", type=click.IntRange(min=0), default=0, show_default=True,
               help="The GPU whose free memory is planned for.")
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Slots (serve --parallel): each keeps its own recurrent state and turn checkpoints.")
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
               help="GPU memory in GiB [default: free memory nvidia-smi reports; without a GPU, a plan for this "
                    "machine's RAM].")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
-def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch,
-          cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, vram, assume_yes):
+def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch, n_ubatch,
+          cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, n_parallel, vram,
+          assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
     the hub too: --pair and -hf read the headers with HTTP range requests, without downloading the files)."""
     from ..gguf.compat import compatibility_report
@@ -207,7 +212,7 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
 
         defaults = get_pair(pair_name).defaults()
     config = LoadConfig().replace(**defaults).replace(
-        n_ctx=n_ctx, n_batch=n_batch, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
+        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn,
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers)
     n_ctx, n_gpu_layers = config.target.n_ctx, config.target.n_gpu_layers
     draft_n_gpu_layers = config.draft.n_gpu_layers if config.draft is not None else None
@@ -217,8 +222,9 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
         draft_info = None
     reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
+    # the prompt cache's budget (cache_ram) is planned once serve has one: Settings.of(..., cache_ram=bytes)
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
-                           n_rs_seq=reach.target.n_rs_seq)
+                           n_rs_seq=reach.target.n_rs_seq, n_parallel=n_parallel)
     for role, info in (("target", target_info), ("draft", draft_info or head_file)):
         if info is not None:
             click.echo(f"{role + ':':<8}{info.path} ({info.arch}, {info.n_layer} layers, {gib(info.weights_bytes)}, "
@@ -263,7 +269,32 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         click.echo("  no context fits with both models fully on the GPU")
     else:
         click.echo(f"  largest context with both models fully on the GPU: {full} (-c {full})")
+    if mtp is not None and draft_info is None and head_file is None:
+        click.echo("  largest context fully on the GPU with the MTP head: " + ", ".join(
+            f"{kv} KV {'none' if n is None else n}" for kv, n in largest_with_head(target_info, settings, plan)))
+    if plan.host_bytes:
+        click.echo(f"  host RAM beside the GPU: {gib(plan.host_bytes)} for {s_turns(settings)}")
     _notes(n_ctx, target_info, report, drafting_file)
+
+
+def largest_with_head(target_info, settings, plan) -> list[tuple[str, int | None]]:
+    """(KV type, largest context) with the MTP head's context too: as asked, and with a q8_0 cache if that is not."""
+    from ..gguf.memory import largest_full_context
+
+    kinds = [(f"{settings.type_k}/{settings.type_v}" if settings.type_k != settings.type_v else settings.type_k,
+              settings)]
+    if (settings.type_k, settings.type_v) != ("q8_0", "q8_0"):
+        kinds.append(("q8_0", replace(settings, type_k="q8_0", type_v="q8_0")))
+    return [(kv, largest_full_context(target_info, None, s, plan.vram_bytes, with_head=True)) for kv, s in kinds]
+
+
+def s_turns(settings) -> str:
+    """What the host memory holds: the slots' turn checkpoints, the prompt cache."""
+    slots = f"{settings.n_parallel} slots x " if settings.n_parallel > 1 else ""
+    parts = [f"{slots}{settings.n_checkpoints} turn checkpoints of the recurrent state"]
+    if settings.cache_ram:
+        parts.append(f"a prompt cache of {gib(settings.cache_ram)}")
+    return " and ".join(parts)
 
 
 def _notes(n_ctx, target_info, report, drafting_file) -> None:

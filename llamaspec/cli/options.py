@@ -194,7 +194,8 @@ def pair_options(func):
         click.option("-b", "--batch-size", "n_batch", type=Bounded("n_batch"), default=_MODEL.n_batch,
                      show_default=True, help="Tokens per prompt-processing batch."),
         click.option("-ub", "--ubatch-size", "n_ubatch", type=Bounded("n_batch"), default=None,
-                     help="Tokens per physical batch, at most -b (smaller: smaller compute buffers) [default: as -b]."),
+                     help=f"Tokens per physical batch, at most -b (smaller: smaller compute buffers) "
+                          f"[default: {_MODEL.n_ubatch}]."),
         click.option("-t", "--threads", "n_threads", type=Bounded("n_threads"), default=None,
                      help="CPU threads (default: physical cores)."),
         click.option("-td", "--threads-draft", "draft_n_threads", type=Bounded("n_threads"), default=None,

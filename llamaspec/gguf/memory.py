@@ -6,7 +6,8 @@ The estimates follow what llama.cpp allocates (checked against its load log on C
   KV      = n_layer * n_ctx * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)   (exact; a hybrid's
             attention layers only)
   state   = recurrent layers * (conv + ssm state) * 4 * (1 + n_rs_seq), plus one device copy for the step
-            checkpoint of a speculating model that needs one, and host copies for turn checkpoints  (gguf/recurrent.py)
+            checkpoint of a speculating model that needs one, and n_checkpoints host copies for turn checkpoints,
+            all per slot (n_parallel; the KV cache is one for all slots)                        (gguf/recurrent.py)
   compute = max(logits, attention scores) + (2 or 3) * n_embd * n_ubatch * 4
             logits = n_vocab * n_ubatch * 4 (only where the output layer is); attention scores (no flash
             attention) = 1.1 * n_ctx * n_ubatch * n_head * 4; 3 activation rows with a quantized KV cache or
@@ -53,20 +54,26 @@ class Settings:
     """What the estimate depends on besides the model: the context options of both models."""
 
     n_ctx: int = _LOADED.n_ctx
-    n_ubatch: int = _LOADED.n_batch
+    n_ubatch: int = min(_LOADED.n_ubatch or _LOADED.n_batch, _LOADED.n_batch)
     type_k: str = _LOADED.cache_type_k
     type_v: str = _LOADED.cache_type_v
     flash_attn: bool = True     # llama.cpp's "auto" turns it on wherever it is supported
     speculative: bool = False   # a draft runs with the target: rollback snapshots and checkpoints are kept
     n_rs_seq: int = 0           # the target's recurrent-state snapshots (archs with bounded rollback)
-    n_checkpoints: int = _LOADED.n_checkpoints   # turn checkpoints of a recurrent state (host memory)
+    n_checkpoints: int = _LOADED.n_checkpoints   # turn checkpoints of a recurrent state (host memory), a slot
+    n_parallel: int = 1         # slots (serve --parallel): one KV cache of n_ctx cells for all (unified), a
+    #                             recurrent state with its snapshots and its turn checkpoints each
+    cache_ram: int = 0          # bytes of host memory for a prompt cache of saved states (llama-server's
+    #                             --cache-ram); 0: none. Planned beside the checkpoints (MemoryPlan.host_bytes)
 
     @classmethod
-    def of(cls, config: ModelConfig, speculative: bool = False, n_rs_seq: int = 0) -> "Settings":
-        """What loading a model with `config` would hold."""
-        return cls(n_ctx=config.n_ctx, n_ubatch=config.n_batch, type_k=config.cache_type_k,
-                   type_v=config.cache_type_v, flash_attn=config.flash_attn != "off", speculative=speculative,
-                   n_rs_seq=n_rs_seq, n_checkpoints=config.n_checkpoints)
+    def of(cls, config: ModelConfig, speculative: bool = False, n_rs_seq: int = 0, n_parallel: int = 1,
+           cache_ram: int = 0) -> "Settings":
+        """What loading a model with `config` would hold (n_ubatch as backend/context.py gives llama.cpp)."""
+        return cls(n_ctx=config.n_ctx, n_ubatch=min(config.n_ubatch or config.n_batch, config.n_batch),
+                   type_k=config.cache_type_k, type_v=config.cache_type_v, flash_attn=config.flash_attn != "off",
+                   speculative=speculative, n_rs_seq=n_rs_seq, n_checkpoints=config.n_checkpoints,
+                   n_parallel=n_parallel, cache_ram=cache_ram)
 
 
 def kv_heads_per_layer(info: ModelInfo) -> list[int]:
@@ -87,7 +94,7 @@ def kv_cache_bytes(info: ModelInfo, settings: Settings, n_layers: int | None = N
     """KV cache of the last `n_layers` trunk layers (all by default) at settings.n_ctx cells. An MTP head's blocks
     (the last n_layer_nextn) are not the trunk's: their cache belongs to the head's own context (mtp_head_memory)."""
     per_layer = _kv_bytes_per_cell(info, settings)[:info.n_layer - info.n_layer_nextn]
-    layers = per_layer if n_layers is None else per_layer[len(per_layer) - n_layers:] if n_layers else []
+    layers = per_layer if n_layers is None else per_layer[max(len(per_layer) - n_layers, 0):] if n_layers else []
     return int(sum(layers) * settings.n_ctx)
 
 
@@ -203,13 +210,13 @@ def model_memory(info: ModelInfo, settings: Settings, n_gpu_layers: int = -1, is
         # partial offload: llama.cpp also runs the CPU-held output matmul on the GPU for large batches,
         # copying that matrix into the compute buffer
         gpu_compute = compute_buffer_bytes(info, settings) + output
-    copies = recurrent_copies(info, settings, is_draft)
+    copies = recurrent_copies(info, settings, is_draft) * settings.n_parallel
     return ModelMemory(
         name=info.name, n_layer=info.n_layer, n_gpu_layers=n_gpu_layers, weights=info.weights_bytes,
         kv_cache=kv_cache_bytes(info, settings), compute=compute_buffer_bytes(info, settings),
         gpu_weights=gpu_weights, gpu_kv_cache=kv_cache_bytes(info, settings, n_repeating), gpu_compute=gpu_compute,
         recurrent=copies * recurrent_state_bytes(info), gpu_recurrent=copies * recurrent_state_bytes(info, n_repeating),
-        checkpoints=settings.n_checkpoints * recurrent_state_bytes(info) if copies else 0,
+        checkpoints=settings.n_parallel * settings.n_checkpoints * recurrent_state_bytes(info) if copies else 0,
         rollback=rollback_kind(info))
 
 
@@ -241,7 +248,12 @@ class MemoryPlan:
 
     @property
     def ram_bytes_cpu_only(self) -> int:
-        return sum(m.total for m in self.models)
+        return sum(m.total for m in self.models) + self.settings.cache_ram
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory beside the GPU's: the turn checkpoints of every slot and the prompt cache's budget."""
+        return sum(m.checkpoints for m in self.models) + self.settings.cache_ram
 
     @property
     def fits(self) -> bool:
@@ -307,11 +319,15 @@ def plan_memory(target: ModelInfo, draft: ModelInfo | None, settings: Settings, 
 
 
 def largest_full_context(target: ModelInfo, draft: ModelInfo | None, settings: Settings, vram_bytes: int,
-                         step: int = 256) -> int | None:
+                         step: int = 256, with_head: bool = False) -> int | None:
     """The largest context (a multiple of `step`, at most the target's trained context, or 2**20 without one) with
-    both models fully on the GPU, or None when not even `step` tokens fit."""
+    both models fully on the GPU (and the target's MTP head's context with `with_head`), or None when not even
+    `step` tokens fit."""
     def fits(n_ctx: int) -> bool:
-        return _gpu_need(target, draft, replace(settings, n_ctx=n_ctx), -1, -1) <= vram_bytes
+        at = replace(settings, n_ctx=n_ctx)
+        head = mtp_head_memory(target, at) if with_head else None
+        added = head.kv_cache + head.compute if head is not None else 0
+        return _gpu_need(target, draft, at, -1, -1) + added <= vram_bytes
 
     lo, hi = 0, max(target.n_ctx_train, step) // step if target.n_ctx_train > 0 else 2**20 // step
     while lo < hi:   # the need grows with the context: the largest multiple that fits, by bisection

@@ -57,7 +57,7 @@ def test_the_cli_the_library_and_the_server_agree_on_a_range():
 
     for row, value in [("draft_max", 2**70), ("draft_max", 10**9), ("top_k", 10**30), ("seed", 10**400),
                        ("seed", -1), ("temperature", math.inf), ("temperature", 2.5), ("temperature", 2e-251), ("max_tokens", 2**40)]:
-        expected = bounds.BOUNDS[row].problem(value, {"n_batch": 512})   # the default batch
+        expected = bounds.BOUNDS[row].problem(value, {"n_batch": ModelConfig().n_batch})   # the default batch
         assert expected is not None
         with pytest.raises(InvalidParameterError) as library:
             if row in ("draft_max",):
@@ -69,7 +69,7 @@ def test_the_cli_the_library_and_the_server_agree_on_a_range():
         assert expected in str(library.value) and "\n" not in str(library.value)
         with pytest.raises(APIError) as server:
             if row == "draft_max":
-                parse_policy_update({"draft_max": value}, {}, 512)
+                parse_policy_update({"draft_max": value}, {}, ModelConfig().n_batch)
             else:
                 parse_completion({"prompt": "hi", row: value})
         assert server.value.status == 400 and server.value.param == row and expected in server.value.message

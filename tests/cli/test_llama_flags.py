@@ -60,7 +60,8 @@ def test_loading_flags_reach_the_config_of_both_models(command, monkeypatch, tmp
     defaults = main.commands[command].make_context(command, ["-m", str(tmp_path / "t.gguf")]).params
     seen.clear()
     load_pair_from_options(defaults)
-    assert (seen["c"].target.use_mmap, seen["c"].target.use_mlock, seen["c"].target.n_ubatch) == (True, False, None)
+    # llama-server's -b 2048 -ub 512 unless told otherwise
+    assert (seen["c"].target.use_mmap, seen["c"].target.use_mlock, seen["c"].target.n_ubatch) == (True, False, 512)
 
 
 def test_ubatch_reaches_the_llama_context_and_the_loaded_pair_runs(tiny_models):

@@ -23,6 +23,7 @@ from gguf import GGUFValueType, GGUFWriter
 from llamaspec.gguf.reader import read_model_info
 
 VOCAB_FILES = ("ggml-vocab-qwen2.gguf", "ggml-vocab-llama-spm.gguf")
+OPTIONAL_VOCAB_FILES = ("ggml-vocab-qwen35.gguf",)   # kept beside them when found; tests that need one skip
 
 
 def write_out(writer: GGUFWriter) -> None:
@@ -33,39 +34,65 @@ def write_out(writer: GGUFWriter) -> None:
     writer.close()
 
 
-def find_vocab_dir() -> Path | None:
-    """Where llama.cpp's vocab-only GGUFs are: $LLAMASPEC_VOCAB_DIR, else the user cache, or the llama-cpp-python
-    sdist fetched with pip (kept in that folder afterwards). None when none of these works (offline, no pip)."""
+def _vocab_cache() -> Path:
     env = os.environ.get("LLAMASPEC_VOCAB_DIR")
     user_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    cache = Path(env) if env else user_cache / "llamaspec" / "vocab"
-    if all((cache / v).exists() for v in VOCAB_FILES):
-        return cache
+    return Path(env) if env else user_cache / "llamaspec" / "vocab"
+
+
+def _fetch_sdist_vocab(cache: Path, names: tuple[str, ...]) -> None:
+    """Extract `names` from llama.cpp's models/ in the llama-cpp-python sdist of the installed version (pip
+    download: no build happens) into `cache`; nothing when offline or without pip."""
     try:
         from importlib.metadata import version
 
         lcpp_version = version("llama-cpp-python")
     except Exception:
-        return None
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                "-d", tmp, f"llama-cpp-python=={lcpp_version}"]
-        # pip download of an sdist only prepares metadata; no build happens.
         if subprocess.run(cmd, capture_output=True, timeout=600).returncode != 0:
-            return None
+            return
         sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         if not sdists:
-            return None
+            return
         cache.mkdir(parents=True, exist_ok=True)
         with tarfile.open(sdists[0]) as tar:
             for member in tar.getmembers():
-                if Path(member.name).name in VOCAB_FILES and "/vendor/llama.cpp/models/" in member.name:
+                if Path(member.name).name in names and "/vendor/llama.cpp/models/" in member.name:
                     src = tar.extractfile(member)
                     part = cache / (Path(member.name).name + ".partial")
                     with part.open("wb") as f:
                         shutil.copyfileobj(src, f)
                     part.rename(cache / Path(member.name).name)
+
+
+def find_vocab_dir() -> Path | None:
+    """Where llama.cpp's vocab-only GGUFs are: $LLAMASPEC_VOCAB_DIR, else the user cache, or the llama-cpp-python
+    sdist fetched with pip (kept in that folder afterwards, with the optional ones). None when none of these works
+    (offline, no pip)."""
+    cache = _vocab_cache()
+    if not all((cache / v).exists() for v in VOCAB_FILES):
+        _fetch_sdist_vocab(cache, VOCAB_FILES + OPTIONAL_VOCAB_FILES)
     return cache if all((cache / v).exists() for v in VOCAB_FILES) else None
+
+
+def find_vocab_file(name: str) -> Path | None:
+    """One vocab-only GGUF (e.g. an OPTIONAL_VOCAB_FILES one) in the vocab cache, copied there first from the
+    llama.cpp source benchmarks/build-llama-tools.sh unpacks ($LLAMASPEC_LLAMA_SRC's models/) or from the sdist
+    fetched with pip; None when none has it."""
+    cache = _vocab_cache()
+    if not (cache / name).is_file():
+        src = os.environ.get("LLAMASPEC_LLAMA_SRC")
+        beside = Path(src).expanduser().parent / "models" / name if src else None
+        if beside is not None and beside.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(beside, cache / (name + ".partial"))
+            (cache / (name + ".partial")).rename(cache / name)
+        else:
+            _fetch_sdist_vocab(cache, (name,))
+    return cache / name if (cache / name).is_file() else None
 
 
 def _copy_tokenizer(writer: GGUFWriter, vocab_path: Path, n_vocab: int | None = None) -> int:
