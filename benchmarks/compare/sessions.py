@@ -224,7 +224,7 @@ class _Script:
         return Session(self.name, tuple(self.messages), tuple(self.tools), tuple(self.requests))
 
     def read(self, rel: str) -> str:
-        return (self.root / rel).read_text(errors="replace")
+        return _plain((self.root / rel).read_text(errors="replace"))
 
 
 def text_chars(messages, tools) -> int:
@@ -239,7 +239,7 @@ def text_chars(messages, tools) -> int:
 def system_prompt(root: Path, chars: float) -> str:
     """The instructions, then the project's README as project notes, cut at a paragraph to `chars` in all."""
     text = INSTRUCTIONS + "\n# Project notes (README.md)\n\n"
-    readme = (root / "README.md").read_text(errors="replace") if (root / "README.md").is_file() else ""
+    readme = _plain((root / "README.md").read_text(errors="replace")) if (root / "README.md").is_file() else ""
     room = int(chars) - len(text)
     if room <= 0:
         return INSTRUCTIONS[:int(chars)].rsplit("\n", 1)[0] + "\n"
@@ -281,7 +281,7 @@ def list_dir(root: Path, rel: str) -> str:
 def grep(root: Path, pattern: str, files: list[str], limit_chars: int) -> str:
     regex, out, size = re.compile(pattern), [], 0
     for rel in files:
-        for i, line in enumerate((root / rel).read_text(errors="replace").splitlines(), 1):
+        for i, line in enumerate(_plain((root / rel).read_text(errors="replace")).splitlines(), 1):
             if regex.search(line):
                 row = f"{rel}:{i}:{line.strip()}"
                 if size + len(row) > limit_chars:
@@ -323,6 +323,12 @@ def test_file_for(root: Path, rel: str) -> str:
 
 
 # what an agent on the tasks above reads first (files that exist; the rest follow in source_files' order)
+
+def _plain(text: str) -> str:
+    """A source file as a tool result, with chat-template control markup ("<|im_start|>" in this repository's
+    template code) spaced apart, so that every server reads the same plain text and none refuses or parses it."""
+    return text.replace("<|", "< |")
+
 FIRST_READS = ["llamaspec/server/worker.py", "llamaspec/slots.py", "llamaspec/server/prompt.py", "llamaspec/engine.py",
                "llamaspec/backend/rollback.py", "llamaspec/chat_template.py", "llamaspec/server/tools.py",
                "llamaspec/bounds.py"]
