@@ -189,3 +189,55 @@ def test_without_cache_ram_a_session_whose_slot_was_taken_starts_over(target, te
         run(engine, prompt(p, template, 2, 1))
         _, stats = run(engine, prompt(p, template, 1, 2))
         assert stats.prompt_tokens_cached < 20   # the system prompts differ after a few tokens
+
+
+# -- the drafter's state comes back with the target's -------------------------------------------------------------
+def counted_decodes(ctx) -> dict:
+    """Count the tokens (entries) every decode of `ctx` holds from now on."""
+    count, decode = {"tokens": 0}, ctx._timed_decode
+
+    def counting(batch, n, *args, **kwargs):
+        count["tokens"] += n
+        return decode(batch, n, *args, **kwargs)
+
+    ctx._timed_decode = counting
+    return count
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+@pytest.mark.parametrize("drafter", ["model", "mtp"])
+def test_a_restored_session_drafts_on_without_a_drafter_prefill(arch_dir, template, drafter, n_seq):
+    """A session comes back to its slot from the cache: its drafter (a draft model's cache, an MTP head's cache and
+    hidden states) comes back with the target's, so the drafter decodes only what the target does (the delta) and
+    its cache holds the restored prefix; the greedy reply is plain decoding's."""
+    from support.mtp_models import make_mtp_model
+
+    if drafter == "mtp":
+        target, draft = make_mtp_model("qwen35", arch_dir, head="agree", trunk_mix=0.1), None
+    else:
+        target, draft = make_arch_model("qwen35", arch_dir, seed=1, stdev=0.5), \
+            make_arch_model("llama", arch_dir, seed=1, stdev=0.5)   # attention: a shared context holds it
+    with load_pair(str(target), None if draft is None else str(draft), drafter=drafter, policy="fixed", draft_max=3,
+                   **SETTINGS) as p:
+        engine = p.engine(n_seq, SETTINGS["n_ctx"] * n_seq)
+        for session in range(1, n_seq + 2):   # one session more than slots: the first one's slot is taken
+            run(engine, prompt(p, template, session, 1))
+        if n_seq == 1:
+            draft_ctx = p.drafter.contexts[0]
+        else:
+            draft_ctx = engine.target.draft_ctx if drafter == "model" else engine.target.mtp.ctx
+        decoded = counted_decodes(draft_ctx)
+        second = prompt(p, template, 1, 2)
+        max_tokens = 8
+        got, stats = run(engine, second, max_tokens)
+        assert engine.target.cache.restores == 1
+        cached = stats.prompt_tokens_cached
+        assert cached >= common_prefix_len(prompt(p, template, 1, 1), second) - TURN_TAIL
+        # the delta, a draft of up to 3 tokens and its last token per step; a prefill of the restored prefix is more
+        assert decoded["tokens"] <= len(second) - cached + 4 * max_tokens + 8 < cached, (decoded, cached)
+        if drafter == "mtp":   # the head's entries for the restored prefix are there (not a restart past them)
+            slot = next(s for s in engine.slots if s.stats is stats)
+            head = p.drafter.ctx.tokens if n_seq == 1 else slot.draft.seq.tokens
+            assert head[:cached - TURN_TAIL] == second[:cached - TURN_TAIL]
+    with load_pair(str(target), **SETTINGS) as plain:
+        assert got == plain.generate(second, max_tokens=max_tokens).tokens
