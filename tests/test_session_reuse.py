@@ -241,3 +241,35 @@ def test_a_restored_session_drafts_on_without_a_drafter_prefill(arch_dir, templa
             assert head[:cached - TURN_TAIL] == second[:cached - TURN_TAIL]
     with load_pair(str(target), **SETTINGS) as plain:
         assert got == plain.generate(second, max_tokens=max_tokens).tokens
+
+
+# -- through the server -------------------------------------------------------------------------------------------
+def test_the_server_reports_a_second_turn_s_reused_tokens_in_timings_cache_n(arch_dir, template):
+    """`serve --parallel 2` on a hybrid, sessions A, B, then A's second turn over the chat endpoint: the reply's
+    timings count the reused prompt tokens (`cache_n`) and only the rest as processed (`prompt_n`)."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("httpx")
+    from starlette.testclient import TestClient
+
+    from llamaspec.server import ServerConfig, create_app
+
+    target = make_arch_model("qwen35", arch_dir, seed=1, stdev=0.5)
+    with load_pair(str(target), **SETTINGS) as p:
+        app = create_app(p, ServerConfig(model_id="tiny", parallel=2))
+        service = app.state.service
+        service.template = service.worker.template = template
+        with TestClient(app, base_url="http://localhost") as client:
+            def chat(session: int, turn: int) -> dict:
+                r = client.post("/v1/chat/completions", json={"messages": conversation(session, turn),
+                                                              "max_tokens": 4, "temperature": 0})
+                assert r.status_code == 200, r.text
+                return r.json()
+            chat(1, 1)
+            chat(2, 1)
+            reply = chat(1, 2)
+        first, second = prompt(p, template, 1, 1), prompt(p, template, 1, 2)
+        timings = reply["timings"]
+        assert reply["usage"]["prompt_tokens"] == len(second)
+        assert timings["cache_n"] >= common_prefix_len(first, second) - TURN_TAIL
+        assert timings["prompt_n"] == len(second) - timings["cache_n"]
+        service.stop()
