@@ -110,6 +110,8 @@ class LoneTarget:
         self.slots = [Slot(0, self.ctx)]
         self._scratch = np.zeros((0, pair.n_vocab), np.float32)
         self.cache = state_cache(pair, self.drafter)
+        model = self.ctx.model
+        self.recurrent_memory = model.is_recurrent or model.is_hybrid   # it keeps turn checkpoints (TURN_TAIL)
 
     @property
     def n_ctx_seq(self) -> int:
@@ -151,9 +153,8 @@ class LoneTarget:
             t0 = time.perf_counter()
             parts = [ctx.save_state(), drafter.save_state() if drafter is not None else None]
             if parts[0] is not None:
-                model = ctx.model
-                cache.put(parts[0].tokens, parts, [t.pos for t in parts[0].turns],
-                          not (model.is_recurrent or model.is_hybrid), time.perf_counter() - t0)
+                cache.put(parts[0].tokens, parts, [t.pos for t in parts[0].turns], not self.recurrent_memory,
+                          time.perf_counter() - t0)
         if not restore:
             return common
         if not _restored(cache, entry, lambda parts: ctx.restore_state(parts[0]) and (
@@ -206,7 +207,7 @@ class LoneTarget:
         # its one row out instead (measured faster for single rows)
         self.ctx.set_device_argmax(slot.sampling is None and slot.shaper is None and self.drafter is not None)
         tail = len(slot.prompt) - TURN_TAIL - len(slot.history)   # prompt tokens before the tail's checkpoint
-        if 0 < tail < len(slot.todo):
+        if self.recurrent_memory and 0 < tail < len(slot.todo):
             self.ctx.eval(slot.todo[:tail], logits="none")
             self.ctx.checkpoint(turn=True)
             slot.todo = slot.todo[tail:]   # (the history takes the whole prompt below)
@@ -430,7 +431,7 @@ class SharedTarget:
         if joining is not None and room > 0:
             n = min(room, self.prefill_chunk if active else room)
             tail = len(joining.prompt) - TURN_TAIL - len(joining.history)   # a chunk ends at the tail's checkpoint
-            chunk = joining.todo[:min(n, tail) if 0 < tail < len(joining.todo) else n]
+            chunk = joining.todo[:min(n, tail) if self.recurrent and 0 < tail < len(joining.todo) else n]
             if chunk:
                 runs.append(Run(joining.seq, chunk, "none"))
         t0 = time.perf_counter()
@@ -442,7 +443,7 @@ class SharedTarget:
         if joining is not None:
             joining.todo = joining.todo[len(chunk):]
             joining.history.extend(chunk)
-            if len(joining.history) == len(joining.prompt) - TURN_TAIL and joining.todo:
+            if self.recurrent and len(joining.history) == len(joining.prompt) - TURN_TAIL and joining.todo:
                 joining.seq.checkpoint_turn()   # where a template's generation prompt begins (TURN_TAIL)
             if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts here
                 joining.prefilled = True
