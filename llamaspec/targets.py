@@ -410,7 +410,9 @@ class SharedTarget:
             idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
             made = self.mtp.propose_all([j for *_, j in jobs], idle)
         else:
-            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft else []
+            # the draft reads a joining prompt at the target's pace: a chunk beside running slots, a batch alone
+            chunk = self.prefill_chunk if active else self.n_batch
+            prefills = [(joining.draft, chunk)] if joining is not None and joining.draft else []
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True

@@ -273,3 +273,23 @@ def test_the_server_reports_a_second_turn_s_reused_tokens_in_timings_cache_n(arc
         assert timings["cache_n"] >= common_prefix_len(first, second) - TURN_TAIL
         assert timings["prompt_n"] == len(second) - timings["cache_n"]
         service.stop()
+
+
+# -- a prompt alone in a shared engine ----------------------------------------------------------------------------
+def test_a_prompt_alone_in_a_shared_engine_is_read_a_batch_at_a_time_by_target_and_draft(tiny_models):
+    """With no other slot generating, a joining prompt is decoded a batch (n_batch) per step, not a chunk
+    (prefill_chunk), by the target and by the draft model alike: the draft holds the whole prompt when drafting
+    starts, rather than falling behind and restarting on its last window of tokens."""
+    with load_pair(str(tiny_models["target"]), str(tiny_models["draft"]), policy="fixed", draft_max=3, n_ctx=2048,
+                   n_batch=256, no_repack=True, n_threads=2, flash_attn="off", cache_ram=0) as p:
+        engine = p.engine(2, 4096)
+        tokens = p.tokenize(" ".join(f"item {i} of the list;" for i in range(200)))[:1200]
+        slot = engine.submit(tokens, max_tokens=4)
+        steps = 0
+        while not slot.prefilled:
+            engine.step()
+            steps += 1
+        assert steps == -(-(len(tokens) - 1) // 256)   # a batch a step, not prefill_chunk (128)
+        list(engine.pieces(slot))
+        assert slot.draft.offset == 0 and slot.draft.seq.tokens[:len(tokens)] == tokens
+        assert slot.stats.accepted == slot.stats.drafted > 0   # the same weights: every draft token agrees
