@@ -6,7 +6,14 @@
 - `SharedTarget`: n_seq sequences over one shared target context (backend/sequences.py) and one shared drafter (a
   draft model: drafters/batched.py; an MTP head, a head sequence per slot: drafters/batched_mtp.py); one decode holds
   every slot's run and a bounded chunk of a joining prompt (`prefill_chunk` tokens), so a new request never stalls
-  the others for more than one chunk. Verification reads host rows. Which pairs share a pass: `batch_support`.
+  the others for more than one chunk (alone, a batch per step). Verification reads host rows. Which pairs share a
+  pass: `batch_support`.
+
+Both keep a slot's reusable past: a recurrent state's turn checkpoints at the end of each prompt and TURN_TAIL
+tokens before it, and a host-memory cache of saved slot states (backend/state_cache.py, the pair's `cache_ram`):
+`open` saves what a slot holds before a request that keeps less than half of it, and restores the entry that
+serves the request further than the slot's own cache; `choose` prefers the slot that serves a prompt furthest,
+else an empty or the least recently used one.
 """
 from __future__ import annotations
 
