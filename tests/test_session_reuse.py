@@ -293,3 +293,32 @@ def test_a_prompt_alone_in_a_shared_engine_is_read_a_batch_at_a_time_by_target_a
         list(engine.pieces(slot))
         assert slot.draft.offset == 0 and slot.draft.seq.tokens[:len(tokens)] == tokens
         assert slot.stats.accepted == slot.stats.drafted > 0   # the same weights: every draft token agrees
+
+
+# -- the option ---------------------------------------------------------------------------------------------------
+def test_check_plans_the_cache_ram_and_serve_takes_it(tiny_models):
+    """`check` says what one full context's saved state takes and how many fit in --cache-ram (or that it is off);
+    `serve --cache-ram` has llama-server's spelling and range, and the library reads the same setting."""
+    import re
+
+    from click.testing import CliRunner
+
+    from llamaspec.cli import main
+    from llamaspec.config import LoadConfig
+    from llamaspec.errors import InvalidParameterError
+    from llamaspec.gguf.memory import Settings, kv_cache_bytes
+    from llamaspec.gguf.reader import read_model_info
+
+    runner = CliRunner()
+    out = runner.invoke(main, ["check", str(tiny_models["target"]), "-c", "2048", "--vram", "24", "-cram", "64"])
+    assert out.exit_code == 0, out.output
+    state = kv_cache_bytes(read_model_info(str(tiny_models["target"])), Settings(n_ctx=2048))
+    fits = re.search(r"up to 64 MiB; a full context's state is .*, (\d+) of them fit", out.output)
+    assert fits and int(fits.group(1)) == 64 * 2**20 // state, out.output
+    off = runner.invoke(main, ["check", str(tiny_models["target"]), "--vram", "24", "--cache-ram", "0"])
+    assert "saved slot states: off" in off.output
+    assert "--cache-ram" in runner.invoke(main, ["serve", "--help"]).output
+    assert runner.invoke(main, ["serve", "-m", "x.gguf", "--cache-ram", "-2"]).exit_code == 2
+    assert LoadConfig().cache_ram == 8192 and LoadConfig.from_kwargs(cache_ram=0).cache_ram == 0
+    with pytest.raises(InvalidParameterError, match="cache_ram"):
+        LoadConfig.from_kwargs(cache_ram=-5)
