@@ -107,6 +107,7 @@ _ROWS = [
     Bound("main_gpu", 0, _gpus, "the GPUs llama.cpp sees"),
     Bound("n_rs_seq", 0, MAX_BATCH - 2, "a batch must hold the snapshots and two tokens"),
     Bound("n_checkpoints", 0, 64, "each checkpoint holds a whole recurrent state"),
+    Bound("cache_ram", -1, 1 << 30, "1 PiB (-1: no limit, 0: no cache)"),
     # drafting (config.LoadConfig, policy.make_policy, the server's /admin/config)
     Bound("draft_max", 0, _batch_draft, "a verification must fit in one batch (-b)"),
     Bound("draft_min", 0, _batch_draft, "a verification must fit in one batch (-b)"),

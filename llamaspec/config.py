@@ -20,6 +20,7 @@ SPLIT_MODES = ("none", "layer", "row", "tensor")   # "tensor": llama.cpp's tenso
 POLICY_NAMES = ("auto", "fixed", "confidence", "threshold")
 
 DEFAULT_N_CTX = 4096
+DEFAULT_CACHE_RAM = 8192   # MiB, llama-server's --cache-ram default
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,13 @@ class LoadConfig:
     drafting: DraftSettings = field(default_factory=DraftSettings)
     warm_up: bool | None = None              # run and time each draft length at load (None: on a GPU target)
     verbose: bool = False
+    # host memory (MiB) for saved slot states, so that a session whose slot another took resumes where it was
+    # (llama-server's --cache-ram; -1: no limit, 0: none): backend/state_cache.py
+    cache_ram: int = DEFAULT_CACHE_RAM
 
     def __init__(self, target: ModelConfig | None = None, draft: ModelConfig | None = None,
                  draft_device: str | None = None, drafting: DraftSettings | None = None, warm_up: bool | None = None,
-                 verbose: bool = False, **settings):
+                 verbose: bool = False, cache_ram: int | None = None, **settings):
         unknown = sorted(set(settings) - set(_DRAFT_FIELDS))
         if unknown:
             raise TypeError(f"LoadConfig() got an unexpected keyword argument {unknown[0]!r}")
@@ -137,12 +141,13 @@ class LoadConfig:
             drafting = dataclasses.replace(drafting, **{n: v for n, v in settings.items() if v is not None})
         for name, value in (("target", target if target is not None else ModelConfig()), ("draft", draft),
                             ("draft_device", draft_device), ("drafting", drafting), ("warm_up", warm_up),
-                            ("verbose", verbose)):
+                            ("verbose", verbose), ("cache_ram", DEFAULT_CACHE_RAM if cache_ram is None else cache_ram)):
             object.__setattr__(self, name, value)
         self.__post_init__()
 
     def __post_init__(self):
         self.drafting.check({"n_batch": self.target.n_batch})   # a draft must fit in one batch
+        bounds.check("cache_ram", self.cache_ram)
         if self.warm_up is not None and not isinstance(self.warm_up, bool):
             raise InvalidParameterError(f"warm_up must be true, false or None, got {self.warm_up!r}", param="warm_up")
 

@@ -113,6 +113,8 @@ class Pair:
         if self._lone is not None:
             for slot in self._lone.slots:
                 self._lone.cancel(slot)
+            if self._lone.target.cache is not None:
+                self._lone.target.cache.clear()
         self.target_ctx.clear()
         if self.drafter is not None:
             self.drafter.reset()

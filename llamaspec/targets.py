@@ -6,7 +6,14 @@
 - `SharedTarget`: n_seq sequences over one shared target context (backend/sequences.py) and one shared drafter (a
   draft model: drafters/batched.py; an MTP head, a head sequence per slot: drafters/batched_mtp.py); one decode holds
   every slot's run and a bounded chunk of a joining prompt (`prefill_chunk` tokens), so a new request never stalls
-  the others for more than one chunk. Verification reads host rows. Which pairs share a pass: `batch_support`.
+  the others for more than one chunk (alone, a batch per step). Verification reads host rows. Which pairs share a
+  pass: `batch_support`.
+
+Both keep a slot's reusable past: a recurrent state's turn checkpoints at the end of each prompt and TURN_TAIL
+tokens before it, and a host-memory cache of saved slot states (backend/state_cache.py, the pair's `cache_ram`):
+`open` saves what a slot holds before a request that keeps less than half of it, and restores the entry that
+serves the request further than the slot's own cache; `choose` prefers the slot that serves a prompt furthest,
+else an empty or the least recently used one.
 """
 from __future__ import annotations
 
@@ -26,6 +33,15 @@ from .slots import Slot
 
 BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
 DEFAULT_PREFILL_CHUNK = 128
+# a free slot is chosen for what its cache shares with a prompt when that is more than this fraction of the prompt
+# (llama-server's --slot-prompt-similarity); otherwise an empty slot, else the least recently used one
+SLOT_SIMILARITY = 0.1
+# A prompt's turn checkpoints (recurrent and hybrid targets): where its prefill ends, and this many tokens before
+# the prompt's end, where a chat template's generation prompt begins (`<|im_start|>assistant\n<think>\n`): the
+# next request re-renders the answer after `<|im_start|>assistant\n` without the `<think>` that the generation
+# prompt opened, so only a checkpoint before it serves that request (llama-server checkpoints 4 tokens before the
+# end for the same reason, server-context.cpp).
+TURN_TAIL = 4
 
 
 def _source(pair) -> Source | None:
@@ -45,6 +61,27 @@ def batch_support(pair) -> str | None:
         why = (f"the draft model {draft.path.name} keeps a recurrent state, which llamaspec cannot roll back per "
                "sequence after one-token drafting steps")
     return why
+
+
+def state_cache(pair, drafter):
+    """The host-memory cache of saved slot states for a target (backend/state_cache.py), budgeted by the pair's
+    `cache_ram` MiB; None when that is 0 or when `drafter` (the pair's, for the pair's own contexts) cannot save its
+    own cache beside the target's."""
+    from .backend.state_cache import StateCache
+
+    budget = pair.config.cache_ram
+    if budget == 0 or (drafter is not None and not drafter.saves_state):
+        return None
+    return StateCache(budget)
+
+
+def _restored(cache, entry, restore) -> bool:
+    """Take `entry` out of `cache` and restore it (`restore(parts) -> bool`), timed."""
+    t0 = time.perf_counter()
+    cache.take(entry)
+    ok = restore(entry.parts)
+    cache.restore_seconds += time.perf_counter() - t0
+    return ok
 
 
 def shrink_own_contexts(pair) -> None:
@@ -79,6 +116,9 @@ class LoneTarget:
         self.n_batch = self.k_cap = self.ctx.n_batch   # longer drafts than the snapshots reach save a checkpoint
         self.slots = [Slot(0, self.ctx)]
         self._scratch = np.zeros((0, pair.n_vocab), np.float32)
+        self.cache = state_cache(pair, self.drafter)
+        model = self.ctx.model
+        self.recurrent_memory = model.is_recurrent or model.is_hybrid   # it keeps turn checkpoints (TURN_TAIL)
 
     @property
     def n_ctx_seq(self) -> int:
@@ -99,11 +139,39 @@ class LoneTarget:
         """Keep what the cache shares with the prompt: (tokens kept, tokens the memory holds of them: a checkpoint
         restore may leave part of the common prefix to decode again, with the next decode)."""
         common = common_prefix_len(self.ctx.tokens, tokens[:-1])
+        if self.cache is not None:
+            common = self._swap(tokens[:-1], common)
         if not self.ctx.keep(common):
             self.ctx.clear()   # the memory cannot go back to the common prefix: start over
             common = 0
         slot.rollback_before = self._rollback_totals()
         return common, self.ctx.n_in_memory
+
+    def _swap(self, prompt: list[int], common: int) -> int:
+        """Before a prompt takes the contexts: save their state where the prompt keeps less than half of it, and
+        restore the saved state that serves the prompt further than the memory's own (StateCache). Returns the common
+        prefix of the prompt and what the contexts now hold."""
+        cache, ctx, drafter = self.cache, self.ctx, self.drafter
+        own = ctx.reach(common)
+        entry, further = cache.best(prompt)
+        restore = entry is not None and further > own
+        held = ctx.n_in_memory
+        if cache.wants(held, 0 if restore else own) and not cache.covers(ctx.tokens[:held]):
+            t0 = time.perf_counter()
+            parts = [ctx.save_state(), drafter.save_state() if drafter is not None else None]
+            if parts[0] is not None:
+                cache.put(parts[0].tokens, parts, [t.pos for t in parts[0].turns], not self.recurrent_memory,
+                          time.perf_counter() - t0)
+        if not restore:
+            return common
+        if not _restored(cache, entry, lambda parts: ctx.restore_state(parts[0]) and (
+                drafter is None or drafter.restore_state(parts[1]))):
+            ctx.clear()
+            if drafter is not None:
+                drafter.reset()
+            return 0
+        cache.tokens_restored += further
+        return common_prefix_len(ctx.tokens, prompt)
 
     def sampling(self, cfg: SamplerConfig, rng, shaper) -> Sampling | None:
         # shaped rows are numpy's: the target's logits come back, so nothing filters on the device; nor for a tree
@@ -145,6 +213,12 @@ class LoneTarget:
         # greedy needs argmaxes only: taken on the device where rows are verified; a pair that never drafts copies
         # its one row out instead (measured faster for single rows)
         self.ctx.set_device_argmax(slot.sampling is None and slot.shaper is None and self.drafter is not None)
+        tail = len(slot.prompt) - TURN_TAIL - len(slot.history)   # prompt tokens before the tail's checkpoint
+        if self.recurrent_memory and 0 < tail < len(slot.todo):
+            self.ctx.eval(slot.todo[:tail], logits="none")
+            self.ctx.checkpoint(turn=True)
+            slot.todo = slot.todo[tail:]   # (the history takes the whole prompt below)
+            slot.history.extend(slot.prompt[len(slot.history):len(slot.history) + tail])
         if slot.todo:
             self.ctx.eval(slot.todo, logits="none")
         self.ctx.checkpoint(turn=True)
@@ -244,23 +318,60 @@ class SharedTarget:
                       for i, seq in enumerate(self.ctx.sequences)]
         self._scratch: dict[int, np.ndarray] = {}
         self._rows: dict[int, np.ndarray] = {}   # this step's rows of each verifying slot
+        self.cache = state_cache(pair, None)
+        self._used = [0] * n_seq   # when each slot last took a request (a count of requests)
 
     @property
     def n_ctx_seq(self) -> int:
         return self.ctx.n_ctx_seq
 
     def choose(self, free: list[Slot], tokens: list[int]) -> Slot:
-        """The free slot whose cache shares the longest prefix with the prompt."""
-        return max(free, key=lambda s: s.seq.reusable(tokens[:-1]))
+        """The free slot whose cache serves the prompt furthest, where that is more than SLOT_SIMILARITY of it and
+        no less than the state cache offers; otherwise an empty slot, else the least recently used one (a saved
+        state is restored into it)."""
+        prompt = tokens[:-1]
+        own = {s.index: s.seq.reusable(prompt) for s in free}
+        best = max(free, key=lambda s: (own[s.index], -self._used[s.index]))
+        offered = self.cache.best(prompt)[1] if self.cache is not None else 0
+        if own[best.index] > SLOT_SIMILARITY * len(tokens) and own[best.index] >= offered:
+            return best
+        return min(free, key=lambda s: (s.seq.n_past > 0, self._used[s.index]))
 
     def open(self, slot: Slot, tokens: list[int]) -> tuple[int, int]:
         # a recurrent state goes back only within its last decode's snapshots or to a turn checkpoint: `reusable`
         # says how far the slot's cache serves the prompt; without any, the sequence starts over
         common = slot.seq.reusable(tokens[:-1])
+        if self.cache is not None:
+            common = self._swap(slot, tokens[:-1], common)
+        self._used[slot.index] = max(self._used) + 1
         if not slot.seq.keep(common):
             slot.seq.clear()
             common = 0
         return common, common
+
+    def _swap(self, slot: Slot, prompt: list[int], common: int) -> int:
+        """Before a prompt takes the slot: save its state where the prompt keeps less than half of it, and restore
+        the saved state that serves the prompt further than the slot's own (StateCache). Returns how far the slot
+        now serves the prompt."""
+        cache, seq, draft = self.cache, slot.seq, slot.draft
+        entry, further = cache.best(prompt)
+        restore = entry is not None and further > common
+        if cache.wants(seq.n_past, 0 if restore else common) and not cache.covers(seq.tokens):
+            t0 = time.perf_counter()
+            parts = [seq.save(), draft.save_state() if draft is not None else None]
+            if parts[0] is not None:
+                cache.put(parts[0].tokens, parts, [t.pos for t in parts[0].turns], not self.recurrent,
+                          time.perf_counter() - t0)
+        if not restore:
+            return common
+        if not _restored(cache, entry, lambda parts: seq.restore(parts[0]) and (
+                draft is None or draft.restore_state(parts[1]))):
+            seq.clear()
+            if draft is not None:
+                draft.restore_state(None)
+            return 0
+        cache.tokens_restored += further
+        return seq.reusable(prompt)
 
     def sampling(self, cfg: SamplerConfig, rng, shaper) -> Sampling | None:
         return None if cfg.greedy else Sampling(cfg, rng)
@@ -306,7 +417,9 @@ class SharedTarget:
             idle = [(s.draft, s.history) for s in self.slots if not s.done and s.index not in drafting]
             made = self.mtp.propose_all([j for *_, j in jobs], idle)
         else:
-            prefills = [(joining.draft, self.prefill_chunk)] if joining is not None and joining.draft else []
+            # the draft reads a joining prompt at the target's pace: a chunk beside running slots, a batch alone
+            chunk = self.prefill_chunk if active else self.n_batch
+            prefills = [(joining.draft, chunk)] if joining is not None and joining.draft else []
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
         for (s, found, _), draft in zip(jobs, made):
             found[s.index], s.from_model = draft, True
@@ -325,7 +438,9 @@ class SharedTarget:
         room = self.n_batch - sum(len(r.tokens) for r in runs)
         chunk = []
         if joining is not None and room > 0:
-            chunk = joining.todo[:min(room, self.prefill_chunk if active else room)]
+            n = min(room, self.prefill_chunk if active else room)
+            tail = len(joining.prompt) - TURN_TAIL - len(joining.history)   # a chunk ends at the tail's checkpoint
+            chunk = joining.todo[:min(n, tail) if self.recurrent and 0 < tail < len(joining.todo) else n]
             if chunk:
                 runs.append(Run(joining.seq, chunk, "none"))
         t0 = time.perf_counter()
@@ -337,6 +452,8 @@ class SharedTarget:
         if joining is not None:
             joining.todo = joining.todo[len(chunk):]
             joining.history.extend(chunk)
+            if self.recurrent and len(joining.history) == len(joining.prompt) - TURN_TAIL and joining.todo:
+                joining.seq.checkpoint_turn()   # where a template's generation prompt begins (TURN_TAIL)
             if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts here
                 joining.prefilled = True
                 joining.seq.checkpoint_turn()

@@ -10,6 +10,8 @@ dataclasses; below it is llama.cpp.
   decode_calls, and the error when llama.cpp refuses a batch).
 - `rollback`: how a context's memory goes back to n tokens (the engine never learns which way).
 - `sequences`: several sequences in one context (batching); `tree`: a target context holding branches.
+- `state_cache`: saved sequence states in host memory, within a budget (a session that comes back to a slot
+  another session took).
 - `mtp`: an MTP head's context over its target's, for one sequence or a head sequence per shared sequence;
   `hidden`: the context of a draft bound to the target's hidden states (EAGLE-3, DFlash).
 

@@ -18,6 +18,7 @@ from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, decode_stops, default_threads, llama_cpp, load_error,
                      native_log, nextn_functions)
 from .rollback import NoRollback, Rollback, choose_rollback
+from .state_cache import SavedSeq, read_seq, write_seq
 
 STOPPABLE = 64   # decodes of this many tokens or more can be stopped midway (Context._stoppable)
 _NO_ABORT = llama_cpp.ggml_abort_callback()   # a NULL callback: llama.cpp no longer asks
@@ -341,6 +342,31 @@ class Context(DeviceSampling, NativeHandle):
             return True
         finally:
             self.rollback_seconds += time.perf_counter() - t0
+
+    def reach(self, n: int) -> int:
+        """How many of the first n recorded tokens the memory would hold after keep(n), without changing anything
+        (the rest of them would be replayed; 0: it would start over)."""
+        if n >= self.n_in_memory:
+            return self.n_in_memory
+        return self.rollback.reach(self, n)
+
+    def save_state(self, **extra) -> SavedSeq | None:
+        """The memory's whole state (KV cells and recurrent state) with the tokens it holds, copies of its turn
+        checkpoints and `extra` records, for a host-memory cache (state_cache.py); None when llama.cpp has nothing
+        to write."""
+        data = read_seq(self._ptr, 0)
+        return None if data is None else SavedSeq(data, self.tokens[:self.n_in_memory], self.rollback.turns(), extra)
+
+    def restore_state(self, saved: SavedSeq) -> bool:
+        """Make the memory what `saved` was (its turn checkpoints become this memory's); False when llama.cpp
+        refused it (the memory is then empty)."""
+        if not write_seq(self._ptr, 0, saved.data):
+            self.clear()
+            return False
+        self.tokens[:] = saved.tokens
+        self.n_pending, self._merged_from = 0, -1
+        self.rollback.adopt(saved.turns)
+        return True
 
     def checkpoint(self, turn: bool = False) -> None:
         """Mark the current position as one to come back to: the start of a drafting run (turn=False: the next

@@ -67,8 +67,20 @@ class Rollback:
     def keep(self, ctx, n: int) -> int | None:
         return None
 
+    def reach(self, ctx, n: int) -> int:
+        """The position keep(ctx, n) would bring the memory back to, without changing it (0: it would start over)."""
+        return 0
+
     def checkpoint(self, ctx, turn: bool = False) -> None:
         pass
+
+    def turns(self) -> list:
+        """Copies of the turn checkpoints (objects with `pos` and `data`), for a saved state (state_cache.py)."""
+        return []
+
+    def adopt(self, turns: list) -> None:
+        """The memory was restored from a saved state whose turn checkpoints were `turns` (theirs from now on)."""
+        self.clear()
 
     def clear(self) -> None:
         pass
@@ -85,6 +97,9 @@ class TailDrop(Rollback):
 
     def keep(self, ctx, n: int) -> int | None:
         return n if llama_cpp.llama_memory_seq_rm(ctx.memory, SEQ, n, -1) else None
+
+    def reach(self, ctx, n: int) -> int:
+        return n
 
     def describe(self) -> str:
         return "kv (drops any tail)"
@@ -150,6 +165,16 @@ class _Snapshots(Rollback):
         snap = self._save(ctx, False, reuse)
         if snap is not None:
             self._turns.append(snap)
+
+    def reach(self, ctx, n: int) -> int:
+        return max((s.pos for s in (self._step, *self._turns) if s is not None and s.pos <= n), default=0)
+
+    def turns(self) -> list:
+        return [_Snapshot(s.pos, s.data[:s.size].copy(), s.size, False) for s in self._turns]
+
+    def adopt(self, turns: list) -> None:
+        self.clear()
+        self._turns = list(turns)
 
     def keep(self, ctx, n: int) -> int | None:
         if n == 0:  # removing the whole sequence always works
@@ -226,6 +251,13 @@ class BoundedRollback(_Snapshots):
         if reached is not None:
             self._undoable = 0  # restoring a state consumes any pending rollback
         return reached
+
+    def reach(self, ctx, n: int) -> int:
+        return n if 0 < ctx.memory_len() - n <= self._undoable else super().reach(ctx, n)
+
+    def adopt(self, turns: list) -> None:
+        super().adopt(turns)
+        self._undoable = 0
 
     def describe(self) -> str:
         return (f"bounded (n_rs_seq={self.n_rs_seq}: drops up to {self.n_rs_seq} tokens of the last verification; "

@@ -37,6 +37,7 @@ from .context import Context
 from .model import Model
 from .native import llama_cpp
 from .rollback import PARTIAL_ONLY, NoRollback, Rollback, TailDrop
+from .state_cache import SavedSeq, read_seq, write_seq
 
 
 def batchable(ctx: Context, drafts: bool) -> str | None:
@@ -137,6 +138,24 @@ class Sequence:
             del self.tokens[n:]
             self.turns = [t for t in self.turns if t.pos <= n]
         return ok
+
+    def save(self, **extra) -> SavedSeq | None:
+        """This sequence's whole state (KV cells and recurrent state), its tokens and copies of its turn checkpoints,
+        with `extra` records, for a host-memory cache (state_cache.py); None when llama.cpp has nothing to write."""
+        data = read_seq(self.shared._ptr, self.seq_id)
+        return None if data is None else SavedSeq(
+            data, list(self.tokens), [_Turn(t.pos, t.data[:t.size].copy(), t.size) for t in self.turns], extra)
+
+    def restore(self, saved: SavedSeq) -> bool:
+        """Make this sequence what `saved` was (its turn checkpoints become this sequence's); False when llama.cpp
+        refused it (the sequence is then empty)."""
+        if not write_seq(self.shared._ptr, self.seq_id, saved.data):
+            self.clear()
+            return False
+        self.tokens[:] = saved.tokens
+        self.undoable = 0
+        self.turns = list(saved.turns)
+        return True
 
     def clear(self) -> None:
         llama_cpp.llama_memory_seq_rm(self.shared.memory, self.seq_id, -1, -1)

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from . import main
-from ..config import CACHE_TYPES, FLASH_ATTN_MODES, LoadConfig, ModelConfig
+from ..config import CACHE_TYPES, DEFAULT_CACHE_RAM, FLASH_ATTN_MODES, LoadConfig, ModelConfig
 from ..kinds import KINDS
-from .options import Command, fail, handle_errors, hf_options
+from .options import Bounded, Command, fail, handle_errors, hf_options
 from .pair_choice import hf_refs
 
 KV_CHOICES = click.Choice(CACHE_TYPES)
@@ -180,15 +180,17 @@ def read_headers(target, draft, pair_name, hf_repo, hf_file, hf_repo_draft):
 @click.option("--vram", type=click.FloatRange(min=0, min_open=True), default=None, callback=finite,
               help="GPU memory in GiB [default: free memory nvidia-smi reports; without a GPU, a plan for this "
                    "machine's RAM].")
+@click.option("-cram", "--cache-ram", "cache_ram", type=Bounded("cache_ram"), default=DEFAULT_CACHE_RAM,
+              show_default=True, help="Host RAM in MiB for saved slot states, as `serve --cache-ram` (-1: no limit).")
 @click.option("--yes", "-y", "assume_yes", is_flag=True, hidden=True)
 @handle_errors
 def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_repo_draft, n_ctx, n_batch, n_ubatch,
           cache_type_k, cache_type_v, flash_attn, n_gpu_layers, draft_n_gpu_layers, main_gpu, n_parallel, vram,
-          assume_yes):
+          cache_ram, assume_yes):
     """Check that DRAFT can speculate for TARGET and plan their memory, reading only the GGUF headers (of files on
     the hub too: --pair and -hf read the headers with HTTP range requests, without downloading the files)."""
     from ..gguf.compat import compatibility_report
-    from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory
+    from ..gguf.memory import Settings, largest_full_context, mtp_head_memory, plan_memory, saved_state_bytes
     from ..gguf.recurrent import describe_rollback
     from ..kinds import drafter_kind, file_source
     from ..loading import sibling_draft, snapshot_reach
@@ -222,7 +224,6 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         mtp = replace(mtp_head_memory(head_file, Settings.of(config.target)), weights=head_file.weights_bytes)
         draft_info = None
     reach = snapshot_reach(config, target_info, drafter_kind(draft_kind or config.drafting.drafter))
-    # the prompt cache's budget (cache_ram) is planned once serve has one: Settings.of(..., cache_ram=bytes)
     settings = Settings.of(config.target, speculative=draft_info is not None or mtp is not None,
                            n_rs_seq=reach.target.n_rs_seq, n_parallel=n_parallel)
     for role, info in (("target", target_info), ("draft", draft_info or head_file)):
@@ -251,7 +252,10 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
         click.echo()
         mtp_added = (mtp.kv_cache + mtp.compute + (mtp.weights if head_file is not None else 0)
                      if mtp is not None and draft_info is None else None)
-        print_cpu_plan(plan_memory(target_info, draft_info, settings, 0, 0, 0), mtp_added)
+        cpu_plan = plan_memory(target_info, draft_info, settings, 0, 0, 0)
+        print_cpu_plan(cpu_plan, mtp_added)
+        print_cache_ram(cache_ram, saved_state_bytes(target_info, draft_info, settings, mtp if draft_info is None
+                                                     else None), cpu_plan.ram_bytes_cpu_only + (mtp_added or 0))
         _notes(n_ctx, target_info, report, drafting_file)
         return
     vram_gib, source = found
@@ -274,6 +278,9 @@ def check(target, draft, model, model_draft, pair_name, hf_repo, hf_file, hf_rep
             f"{kv} KV {'none' if n is None else n}" for kv, n in largest_with_head(target_info, settings, plan)))
     if plan.host_bytes:
         click.echo(f"  host RAM beside the GPU: {gib(plan.host_bytes)} for {s_turns(settings)}")
+    host = sum(m.total - m.gpu_total for m in plan.models)   # what stays in RAM, turn checkpoints included
+    print_cache_ram(cache_ram, saved_state_bytes(target_info, draft_info, settings,
+                                                 mtp if draft_info is None else None), max(host, 0))
     _notes(n_ctx, target_info, report, drafting_file)
 
 
@@ -295,6 +302,26 @@ def s_turns(settings) -> str:
     if settings.cache_ram:
         parts.append(f"a prompt cache of {gib(settings.cache_ram)}")
     return " and ".join(parts)
+
+
+def print_cache_ram(cache_ram: int, state_bytes: int, ram_need: int) -> None:
+    """The host-memory cache of saved slot states (serve --cache-ram): what one full context's state takes, how
+    many fit, and whether the budget fits beside what the models take of this machine's RAM."""
+    from .. import sysinfo
+    from ..gguf.memory import MiB
+
+    if cache_ram == 0:
+        click.echo("  saved slot states: off (--cache-ram 0): a session whose slot another session takes is "
+                   "processed again")
+        return
+    budget = "no limit" if cache_ram < 0 else gib(cache_ram * MiB)
+    fit = "" if cache_ram < 0 else f", {cache_ram * MiB // max(state_bytes, 1)} of them fit"
+    click.echo(f"  saved slot states (--cache-ram, host RAM, used as sessions take turns on slots): up to {budget}; "
+               f"a full context's state is {gib(state_bytes)}{fit}")
+    total = sysinfo.total_ram_bytes()
+    if total and cache_ram > 0 and ram_need + cache_ram * MiB > total:
+        click.echo(f"  note: the models' {gib(ram_need)} of RAM and a full --cache-ram {cache_ram} exceed this "
+                   f"machine's {gib(total)}: lower --cache-ram")
 
 
 def _notes(n_ctx, target_info, report, drafting_file) -> None:

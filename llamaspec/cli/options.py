@@ -94,8 +94,8 @@ HELP_SECTIONS = {
     "Placement": ("n_gpu_layers", "draft_n_gpu_layers", "n_ctx", "n_batch", "n_ubatch", "n_threads", "draft_n_threads",
                   "flash_attn", "cache_type_k", "cache_type_v", "main_gpu", "draft_main_gpu", "split_mode",
                   "tensor_split", "rpc_servers", "devices", "draft_device", "no_repack", "no_mmap", "mlock"),
-    "Server": ("host", "port", "api_key", "admin_key", "model_id", "max_queue", "max_body_bytes", "shutdown_timeout",
-               "read_timeout", "allowed_hosts", "cors_origins", "access_log"),
+    "Server": ("host", "port", "api_key", "admin_key", "model_id", "max_queue", "cache_ram", "max_body_bytes",
+               "shutdown_timeout", "read_timeout", "allowed_hosts", "cors_origins", "access_log"),
 }
 _SECTION_OF = {name: section for section, names in HELP_SECTIONS.items() for name in names}
 

@@ -242,7 +242,8 @@ def load_pair_from_options(opts: dict, use_default_pair: bool = False, log_loads
         flash_attn=opts["flash_attn"], cache_type_k=opts["cache_type_k"], cache_type_v=opts["cache_type_v"],
         main_gpu=opts["main_gpu"], draft_main_gpu=opts.get("draft_main_gpu"), split_mode=opts["split_mode"],
         tensor_split=tensor_split, rpc_servers=opts.get("rpc_servers"), devices=parse_devices(opts.get("devices")),
-        draft_device=opts.get("draft_device"), no_repack=True if opts.get("no_repack") else None,
+        draft_device=opts.get("draft_device"), cache_ram=opts.get("cache_ram"),
+        no_repack=True if opts.get("no_repack") else None,
         use_mmap=False if opts.get("no_mmap") else None, use_mlock=True if opts.get("mlock") else None,
         policy=opts.get("policy"), draft_max=opts.get("draft_max"), draft_min=opts.get("draft_min"),
         draft_p_min=opts.get("draft_p_min"), drafter=chosen_drafter(opts)[0], verbose=opts.get("verbose", False))

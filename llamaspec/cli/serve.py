@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from . import main
+from ..config import DEFAULT_CACHE_RAM
 from .options import EXIT_ERROR, Bounded, Command, fail, handle_errors, pair_options, reasoning_option
 from .pair_choice import load_pair_from_options
 
@@ -30,6 +31,11 @@ from .pair_choice import load_pair_from_options
                    "target pass verifies every slot's draft. Attention and hybrid targets with a draft model, prompt "
                    "lookup, the MTP head or no drafter; EAGLE-3 / DFlash drafters and recurrent drafts serve one "
                    "request at a time (a warning says why).")
+@click.option("-cram", "--cache-ram", "cache_ram", type=Bounded("cache_ram"), default=DEFAULT_CACHE_RAM,
+              show_default=True,
+              help="Host RAM in MiB for saved slot states (llama-server's prompt cache): a session whose slot "
+                   "another session took comes back to its state instead of processing its conversation again. "
+                   "-1: no limit, 0: off.")
 @click.option("--max-body-bytes", type=Bounded("max_body_bytes"), default=4 << 20, show_default=True,
               help="Largest request body accepted (413 beyond).")
 @click.option("--shutdown-timeout", type=Bounded("shutdown_timeout"), default=10.0, show_default=True,

@@ -48,6 +48,20 @@ class Drafter(abc.ABC):
     def accepted(self, n_accepted: int) -> None:
         """The target kept the first `n_accepted` proposed tokens: drop what followed them."""
 
+    # whether `save_state` / `restore_state` keep this drafter's cache beside the target's in a host-memory cache
+    # (backend/state_cache.py); a target whose drafter cannot keeps no such cache
+    saves_state = False
+
+    def save_state(self):
+        """Its cache as a backend SavedSeq (its context's state and the bookkeeping that goes with it), or None when
+        it keeps nothing that the history does not give back. Called between requests."""
+        return None
+
+    def restore_state(self, saved) -> bool:
+        """Back to what `save_state` returned (None: start its cache over); False when the backend refused."""
+        self.reset()
+        return True
+
     def reset(self) -> None:
         """Forget everything cached (the conversation was reset)."""
 

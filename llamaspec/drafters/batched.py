@@ -40,6 +40,20 @@ class SeqDraft:
         self.sampling, self._known_equal, self.offset = sampling, 0, 0
         self.pending = self._align(history, extra=1, limit=None)
 
+    def save_state(self):
+        """Its sequence's state and offset (a backend SavedSeq), or None when it holds nothing."""
+        return self.seq.save(offset=self.offset)
+
+    def restore_state(self, saved) -> bool:
+        """Back to `save_state`'s (None: empty); False when the backend refused (the sequence is then empty)."""
+        self._known_equal, self.pending = 0, []
+        if saved is None or not self.seq.restore(saved):
+            self.seq.clear()
+            self.offset = 0
+            return saved is None
+        self.offset = saved.extra["offset"]
+        return True
+
     def prefill_chunk(self, n: int) -> list[int]:
         chunk, self.pending = self.pending[:n], self.pending[n:]
         return chunk

@@ -42,6 +42,22 @@ class SeqMTP:
     def begin(self, history, sampling: Sampling | None) -> None:
         self.sampling = sampling
 
+    def save_state(self):
+        """Its head sequence's state, how far it is made from target states and the states it may still catch up
+        from (a backend SavedSeq), or None when it holds nothing."""
+        return self.seq.save(valid=self.valid, **self.ring.saved())
+
+    def restore_state(self, saved) -> bool:
+        """Back to `save_state`'s (None: empty); False when the backend refused (the sequence is then empty)."""
+        if saved is None or not self.seq.restore(saved):
+            self.seq.clear()
+            self.valid = 0
+            self.ring.clear()
+            return saved is None
+        self.valid = saved.extra["valid"]
+        self.ring.load(saved.extra)
+        return True
+
     def accepted(self, n_accepted: int) -> None:
         # the accepted drafts' entries were made from the head's own states: they are caught up on properly later
         self.seq.keep(min(self.base + 1, self.seq.n_past))

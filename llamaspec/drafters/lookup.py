@@ -58,6 +58,8 @@ class PromptLookupDrafter(Drafter):
                         return [int(t) for t in cont]
         return []
 
+    saves_state = True   # it keeps nothing the history does not give back
+
     def propose(self, history, last, max_len, p_min) -> Draft:
         drafted = self.lookup(self._tokens(history, last), max_len)
         if not drafted:
@@ -89,6 +91,16 @@ class CombinedDrafter(Drafter):
     def accepted(self, n_accepted: int) -> None:
         if self._from_model:
             self.model.accepted(n_accepted)
+
+    @property
+    def saves_state(self) -> bool:
+        return self.model.saves_state
+
+    def save_state(self):
+        return self.model.save_state()
+
+    def restore_state(self, saved) -> bool:
+        return self.model.restore_state(saved)
 
     def reset(self) -> None:
         self.model.reset()

@@ -70,6 +70,19 @@ class ModelDrafter(Drafter):
         self.ctx.keep(min(self._base + 1 + n_accepted, self.ctx.n_past))
         self._known_equal = self.ctx.n_past
 
+    saves_state = True
+
+    def save_state(self):
+        return self.ctx.save_state(offset=self.offset)
+
+    def restore_state(self, saved) -> bool:
+        self._known_equal = 0
+        if saved is None or not self.ctx.restore_state(saved):
+            self.reset()
+            return saved is None
+        self.offset = saved.extra["offset"]
+        return True
+
     def reset(self) -> None:
         self.ctx.clear()
         self.offset = self._known_equal = 0

@@ -59,6 +59,13 @@ class HiddenRing:
     def clear(self) -> None:
         self.pos[:] = -1
 
+    def saved(self) -> dict:
+        """Copies of its rows and positions, for a saved state (`load` puts them back)."""
+        return {"ring_rows": self.rows.copy(), "ring_pos": self.pos.copy()}
+
+    def load(self, saved: dict) -> None:
+        self.rows, self.pos = saved["ring_rows"], saved["ring_pos"]
+
     def pending(self, head, valid: int, tokens, end: int, last: int | None = None):
         """What a head's cache (`keep`, `n_past`: an MTP context, or one sequence of a shared one) lacks up to `end`,
         after it drops what it holds past `valid` (entries made while drafting) and past `end`: the entries for
@@ -177,6 +184,20 @@ class MTPDrafter(Drafter):
     def accepted(self, n_accepted: int) -> None:
         # the accepted drafts' entries were made from the head's own states: they are caught up on properly later
         self.ctx.keep(min(self._base + 1, self.ctx.n_past))
+
+    saves_state = True
+
+    def save_state(self):
+        # the head's cache, how far it is made from target states, and the states it may still catch up from
+        return self.ctx.save_state(valid=self._valid, **self._ring.saved())
+
+    def restore_state(self, saved) -> bool:
+        if saved is None or not self.ctx.restore_state(saved):
+            self.reset()
+            return saved is None
+        self._valid = saved.extra["valid"]
+        self._ring.load(saved.extra)
+        return True
 
     def reset(self) -> None:
         self.ctx.clear()

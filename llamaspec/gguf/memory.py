@@ -334,3 +334,17 @@ def largest_full_context(target: ModelInfo, draft: ModelInfo | None, settings: S
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid * step) else (lo, mid - 1)
     return lo * step if lo else None
+
+
+def saved_state_bytes(target: ModelInfo, draft: ModelInfo | None, settings: Settings,
+                      mtp: "MTPHeadMemory | None" = None) -> int:
+    """One slot's state as the host-memory cache saves it (backend/state_cache.py) at a full context: each model's
+    KV cache and recurrent state with its turn checkpoints, and an MTP head's KV cache (its ring of hidden states,
+    about 1024 rows of n_embd floats, left out)."""
+    total = mtp.kv_cache if mtp is not None else 0
+    for info in (target, draft):
+        if info is not None:
+            state = recurrent_state_bytes(info) if rollback_kind(info) != "kv" else 0
+            total += kv_cache_bytes(info, settings) + state * (1 + settings.n_checkpoints)
+    return total
+

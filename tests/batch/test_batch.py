@@ -285,7 +285,9 @@ def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
         assert engine.target.mtp is not None and engine.target.ctx.recurrent
         assert engine.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)   # slots verified together
         assert engine.target.mtp.ctx.decode_calls < head_calls_alone                              # and drafted together
-        prompts = [q + c.tokens + [6, 6] for q, c in zip(HYBRID_PROMPTS[:3], got)] + [[7, 7, 8]]
+        # (the fifth prompt took the first one's slot: the first one, with no slot of its own, comes after the two
+        # that have one, or it would take the least recently used slot, theirs)
+        prompts = [q + c.tokens + [6, 6] for q, c in zip(HYBRID_PROMPTS[:3], got)][::-1] + [[7, 7, 8]]
         again = p.generate_batch(prompts, n_seq=4, max_tokens=12)
         # a hybrid slot is reused where the prompt extends all its sequence holds (accepted drafts past max_tokens
         # included): the head keeps its entries there and drops what the target overwrites elsewhere

@@ -14,6 +14,8 @@ class FakeModel:
     `disagree` (0..1) is how often the draft version puts its peak elsewhere (decided per context, deterministically).
     """
 
+    is_recurrent = is_hybrid = False   # an attention cache: any tail can be dropped
+
     def __init__(self, n_vocab: int = 64, eog: int = 1, disagree: float = 0.0, salt: int = 0, sharpness: float = 8.0):
         self.n_vocab, self.eog, self.disagree, self.salt, self.sharpness = n_vocab, eog, disagree, salt, sharpness
         self.path = type("P", (), {"name": "fake.gguf"})()
@@ -103,6 +105,20 @@ class FakeContext:
 
     def keep(self, n):
         del self.tokens[n:]
+        return True
+
+    def reach(self, n):
+        return min(n, self.n_past)
+
+    def save_state(self, **extra):
+        """A fake state: its tokens are all there is (FakeModel's logits depend on the tokens only)."""
+        from llamaspec.backend.state_cache import SavedSeq
+
+        return SavedSeq(np.asarray(self.tokens, dtype=np.int64).view(np.uint8), list(self.tokens), [], extra) \
+            if self.tokens else None
+
+    def restore_state(self, saved):
+        self.tokens[:] = saved.tokens
         return True
 
     def resync(self):
