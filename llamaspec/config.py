@@ -48,7 +48,8 @@ class ModelConfig:
     cache_type_v: str = "f16"
     n_rs_seq: int = 0                        # recurrent-state snapshots for rollback (hybrids); 0: load_pair
                                              # sizes them to the longest draft
-    n_checkpoints: int = 4                   # turn checkpoints of a recurrent state, for prompt reuse
+    n_checkpoints: int = 32                  # turn checkpoints of a recurrent state, a slot, for prompt reuse
+    #                                          (llama-server's --ctx-checkpoints and its default: host copies)
     load_mtp: bool = False                   # load the multi-token-prediction (nextn) head too, if the file has one
 
     def __post_init__(self):

@@ -52,7 +52,7 @@ from .native import env_flag, llama_cpp
 SEQ = 0
 PARTIAL_ONLY = getattr(llama_cpp, "LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY", 1)
 ON_DEVICE = getattr(llama_cpp, "LLAMA_STATE_SEQ_FLAGS_ON_DEVICE", 2)
-DEFAULT_TURN_CHECKPOINTS = 4
+DEFAULT_TURN_CHECKPOINTS = 32   # llama-server's --ctx-checkpoints default (config.ModelConfig.n_checkpoints)
 
 
 class Rollback:

@@ -322,3 +322,38 @@ def test_check_plans_the_cache_ram_and_serve_takes_it(tiny_models):
     assert LoadConfig().cache_ram == 8192 and LoadConfig.from_kwargs(cache_ram=0).cache_ram == 0
     with pytest.raises(InvalidParameterError, match="cache_ram"):
         LoadConfig.from_kwargs(cache_ram=-5)
+
+
+def agent_turn(rounds: int, asked: int) -> list[dict]:
+    """An agent's conversation: a user task, `rounds` assistant steps (thinking, then a tool call's text) each
+    answered by a tool result, and with `asked` a second user message after them. Qwen's template keeps the thinking
+    of the steps after the last user message only, so the second user message re-renders every step: the prompt
+    leaves the cache where the first step began, `rounds` prompts back."""
+    messages = [{"role": "system", "content": "You are an agent. " + text(9, 200)},
+                {"role": "user", "content": "task: " + text(4, 20)}]
+    for r in range(rounds):
+        messages.append({"role": "assistant", "content": f"<think>\nround {r}: {text(r, 10)}\n</think>\n\n"
+                                                         f"read file {r}"})
+        messages.append({"role": "tool", "content": f"file {r}: " + text(r + 11, 40)})
+    if asked:
+        messages.append({"role": "user", "content": "now: " + text(5, 15)})
+    return messages
+
+
+@pytest.mark.parametrize("n_seq", [1, 2])
+def test_a_new_user_message_after_many_tool_rounds_restarts_at_the_first_round(target, template, n_seq):
+    """Each round's prompt is a turn checkpoint (two: its end and TURN_TAIL before it); the one a new user message
+    needs is 2 x rounds checkpoints back, beyond the 4 this engine kept before (the default is now llama-server's
+    32: --ctx-checkpoints)."""
+    rounds = 6
+    with load_pair(str(target), **SETTINGS) as p:
+        engine = p.engine(n_seq, SETTINGS["n_ctx"] * n_seq)
+        prompts = [p.tokenize(template.render(agent_turn(r, 0))) for r in range(rounds + 1)]
+        for tokens in prompts:
+            run(engine, tokens, max_tokens=2)
+        last = p.tokenize(template.render(agent_turn(rounds, 1)))
+        shared = common_prefix_len(prompts[-1], last)
+        assert shared <= len(prompts[0])             # the template re-rendered every round
+        got, stats = run(engine, last)
+        assert stats.prompt_tokens_cached >= shared - TURN_TAIL, (stats.prompt_tokens_cached, shared, len(last))
+        assert got == fresh(p, last)

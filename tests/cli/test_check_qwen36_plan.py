@@ -78,7 +78,7 @@ def test_qwen36_27b_and_its_head_fit_a_24_gb_card_at_64k(qwen36_27b, n_ctx, kv):
     assert "=> fits fully offloaded" in out
     head = next(line for line in out.splitlines() if "drafting with the MTP head" in line)
     assert ": fits," in head
-    assert "4 turn checkpoints of the recurrent state" in out
+    assert "32 turn checkpoints of the recurrent state" in out   # llama-server's --ctx-checkpoints default
 
 
 def test_at_128k_the_head_fits_with_a_q8_0_cache_only(qwen36_27b):
