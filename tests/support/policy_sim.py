@@ -86,8 +86,17 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
              max_tokens: int = 64, seed: int = 0, run_on: float | None = None) -> RunResult:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
     token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
-    `run_on` once the one before it was (greedy decoding, where agreement comes in runs)."""
+    `run_on` once the one before it was (greedy decoding, where agreement comes in runs). `acceptance` may also be a
+    list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
+    by position on a real pair."""
     rng, load = random.Random(seed), Load(machine, seed)
+    by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
+
+    def chance(accepted: int) -> float:   # of accepting draft position accepted + 1, the ones before accepted
+        if by_position is not None:
+            return by_position[min(accepted, len(by_position) - 1)]
+        return acceptance if run_on is None or not accepted else run_on
+
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
     hooks.attach("per_token", machine.costs(policy.k_max) if machine.gpu else None)
@@ -122,7 +131,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
             if shadow:   # judged against the token the target emits; the target's pass stays one token
-                hooks.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
+                hooks.shadow(1.0 if rng.random() < chance(0) else 0.0, setup + draft)
                 out.shadows += 1
                 setup = draft = 0.0
             last_k = k
@@ -131,7 +140,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             verify = spend(machine.verify_at(k + 1, same))
             out.seconds += verify
             accepted = 0
-            while accepted < k and rng.random() < (acceptance if run_on is None or not accepted else run_on):
+            while accepted < k and rng.random() < chance(accepted):
                 accepted += 1
             policy.update(k, accepted, draft, verify)
             if n_out == 0:
