@@ -19,6 +19,13 @@ is closed before the peers run. The report says where llamaspec's filters ran (o
 --drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP
 drafting on the same file.
 
+A mixed workload (--workload mixed): one session whose requests change character, in this order: code completion,
+prose, a copy-heavy edit (the answer repeats much of the prompt), a short answer, a long reasoning-style answer (each
+its share of --tokens: MIXED). Every mode runs them as one session (one policy object; `auto+warm` after one
+untimed request), and each peer the same requests in the same order; the report adds each request's tok/s, the
+session's, and `auto` against the best fixed k, llama-server's best k and ik_llama.cpp's `--spec-autotune` (peer
+`ik-autotune`: its server once, drafting up to the longest --k, its tuner choosing the length as it goes).
+
 Synthetic acceptance (benchmarking only; `--synthetic-rates P0,P1,..` or `--synthetic-len L`): the fixed-k rows keep
 draft tokens by the given per-position rates instead of by the target (llamaspec.bench.synthetic), every pass and
 rollback still real, and llama-server runs llama.cpp's own `--spec-synth-rates` / `--spec-synth-len` (the other
@@ -68,6 +75,31 @@ PROSE = [
     "The main differences between TCP and UDP are",
     "Photosynthesis is the process by which",
 ]
+_EDIT_SOURCE = '''def total(items):
+    t = 0
+    for i in range(len(items)):
+        if items[i]["qty"] > 0:
+            t = t + items[i]["price"] * items[i]["qty"]
+    return t
+
+
+def count(items):
+    n = 0
+    for i in range(len(items)):
+        if items[i]["qty"] > 0:
+            n = n + items[i]["qty"]
+    return n'''
+# --workload mixed: one session, requests of changing character: (what it is, the prompt, its share of --tokens)
+MIXED = [
+    ("code completion", "class LRUCache:\n    def __init__(self, capacity):", 1.0),
+    ("prose", "The history of the printing press begins", 1.0),
+    ("copy-heavy edit", "Here is a Python module:\n\n" + _EDIT_SOURCE + "\n\nThe same module with the parameter "
+     "`items` renamed to `cart` and nothing else changed:\n\n", 1.0),
+    ("short answer", "Q: What is the capital of Australia?\nA:", 0.25),
+    ("long reasoning", "Question: A shop sells pencils at 3 for 50 cents and pens at 2 for 90 cents. Sam buys 12 "
+     "pencils and 5 pens and pays with a 10 dollar note. How much change does he get?\nAnswer: Let's think step "
+     "by step.", 2.0),
+]
 
 
 @dataclass
@@ -86,6 +118,7 @@ class Row:
     rollback_ms: list = field(default_factory=list)  # keep() and checkpoints per target pass (recurrent memories)
     shadow_probes: int = 0         # auto's probes that drafted one token without verifying it
     synthetic: str = ""            # the synthetic acceptance it ran with (SyntheticAcceptance.label), if any
+    runs: list = field(default_factory=list)       # tok/s of each request, in order
 
     @property
     def name(self) -> str:
@@ -120,12 +153,18 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
 
 
-def run_mode(pair, mode: str, prompts, n_tokens: int, regime: peers.Regime, seed: int = 0) -> Row:
+def budgets(prompts, n_tokens) -> list[int]:
+    """Each prompt's token count: `n_tokens` for all, or one per prompt (a list)."""
+    return list(n_tokens) if isinstance(n_tokens, (list, tuple)) else [n_tokens] * len(prompts)
+
+
+def run_mode(pair, mode: str, prompts, n_tokens, regime: peers.Regime, seed: int = 0) -> Row:
     row = Row(mode, regime.temperature)
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, budget) in enumerate(zip(prompts, budgets(prompts, n_tokens))):
         pair.reset()
-        c = pair.generate(prompt, max_tokens=n_tokens, seed=seed + i, **regime.llamaspec_kwargs())
+        c = pair.generate(prompt, max_tokens=budget, seed=seed + i, **regime.llamaspec_kwargs())
         s = c.stats
+        row.runs.append(s.tokens_generated / s.decode_time if s.decode_time else 0.0)
         row.tokens += s.tokens_generated
         row.seconds += s.decode_time
         row.drafted += s.drafted
@@ -163,7 +202,8 @@ def record_steps(policy) -> list[str]:
 
 
 PEER_LABELS = {"speculative-simple": "llama-speculative-simple", "llama-server": "llama-server",
-               "ik": "ik_llama.cpp llama-server"}
+               "ik": "ik_llama.cpp llama-server", "ik-autotune": "ik_llama.cpp llama-server --spec-autotune"}
+ONCE = ("ik-autotune",)   # peers run once, drafting up to the longest --k, not once per k
 
 
 def peer_label(name: str, case: peers.Case) -> str:
@@ -174,25 +214,26 @@ def peer_binary(a, name: str, case: peers.Case) -> tuple[Path | None, str]:
     """The peer's binary, or why it cannot run this case."""
     if case.synth and name not in peers.SYNTH_PEERS:
         return None, f"{PEER_LABELS[name]} has no {SYNTH} mode (llama.cpp's --spec-synth-* are llama-server options)"
-    folder, flag = (a.ik_tools, "--ik-tools") if name == "ik" else (a.tools, "--tools")
+    ik = name.startswith("ik")
+    folder, flag = (a.ik_tools, "--ik-tools") if ik else (a.tools, "--tools")
     if folder is None:
         return None, f"no {flag} folder given"
     exe = folder / ("llama-speculative-simple" if name == "speculative-simple" else "llama-server")
     if not exe.is_file():
         return None, f"{exe} not found"
-    if name == "ik" and case.spec_type not in peers.IK_STAGES:
+    if ik and case.spec_type not in peers.IK_STAGES:
         return None, f"ik_llama.cpp has no {case.spec_type} drafting"
     return exe, ""
 
 
-def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_tokens: int) -> list:
+def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_tokens) -> list:
     """llama-speculative-simple, one process per prompt (its own decode timing, load excluded)."""
     out = []
     for regime in regimes:
         res = peers.PeerResult(peer_label("speculative-simple", case), k, regime.name, skipped=why)
         out.append(res)
-        for prompt in prompts if exe is not None else []:
-            cmd = peers.speculative_simple_cmd(exe, case, k, regime, prompt, n_tokens)
+        for prompt, budget in zip(prompts, budgets(prompts, n_tokens)) if exe is not None else []:
+            cmd = peers.speculative_simple_cmd(exe, case, k, regime, prompt, budget)
             res.cmd = res.cmd or peers.shown(cmd)
             try:
                 run = peers.run_speculative_simple(cmd)
@@ -204,26 +245,29 @@ def speculative_simple_results(exe, why: str, case, k: int, regimes, prompts, n_
     return out
 
 
-def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_tokens: int, timeout: float) -> list:
-    """A llama-server (llama.cpp's or ik_llama.cpp's) started once for this k: one warm-up request, then every
-    regime's prompts one request at a time; tokens and seconds from each response's timings."""
+def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_tokens, timeout: float) -> list:
+    """A llama-server (llama.cpp's or ik_llama.cpp's, the latter also with --spec-autotune) started once for this
+    k: one warm-up request, then every regime's prompts one request at a time; tokens and seconds from each
+    response's timings."""
     label = peer_label(name, case)
     results = {r.name: peers.PeerResult(label, k, r.name, skipped=why) for r in regimes}
     if exe is None:
         return list(results.values())
     port = peers.free_port()
-    cmd = (peers.ik_server_cmd if name == "ik" else peers.server_cmd)(exe, case, k, port)
+    cmd = peers.ik_server_cmd(exe, case, k, port, autotune=name == "ik-autotune") if name.startswith("ik") \
+        else peers.server_cmd(exe, case, k, port)
     try:
         with tempfile.TemporaryDirectory() as tmp, \
                 peers.PeerServer(cmd, port, Path(tmp) / "server.log", timeout, timeout) as server:
             server.complete(peers.request_body(regimes[0], "warm up", 16))
             for regime in regimes:
                 res = results[regime.name]
-                body = peers.request_body(regime, prompts[0], n_tokens)
+                lengths = budgets(prompts, n_tokens)
+                body = peers.request_body(regime, prompts[0], lengths[0])
                 res.cmd = f"{peers.shown(cmd)} ; POST /completion {json.dumps(body)}"
-                for prompt in prompts:
+                for prompt, budget in zip(prompts, lengths):
                     try:
-                        run = server.complete(peers.request_body(regime, prompt, n_tokens))
+                        run = server.complete(peers.request_body(regime, prompt, budget))
                     except (RuntimeError, OSError) as e:
                         res.skipped = f"failed: {e}"
                         break
@@ -237,7 +281,7 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
     return list(results.values())
 
 
-def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) -> dict:
+def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_tokens) -> dict:
     """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
     synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
     out = {}
@@ -260,10 +304,10 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts) ->
                 kind, value = a.synth
                 rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
                 with SyntheticAcceptance(pair, rates, seed=k) as synth:
-                    rows.append(run_mode(pair, label, prompts, a.tokens, regime))
+                    rows.append(run_mode(pair, label, prompts, n_tokens, regime))
                 rows[-1].synthetic = synth.label
             else:
-                rows.append(run_mode(pair, label, prompts, a.tokens, regime))
+                rows.append(run_mode(pair, label, prompts, n_tokens, regime))
             if steps is not None:   # what it measured explains what it chose
                 states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
                               f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
@@ -326,6 +370,31 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
     return lines
 
 
+def session_section(regime, rows: list, results: list) -> list[str]:
+    """The mixed session: each request's tok/s and the session's for every mode and peer, then `auto` (and
+    `auto+warm`) against the best fixed k, llama-server's best k and ik_llama.cpp's autotune."""
+    kinds = [kind for kind, _, _ in MIXED]
+    lines = [f"### The mixed session, {regime.describe()}", "",
+             "| engine / mode | " + " | ".join(kinds) + " | session tok/s |", "|---" * (len(kinds) + 2) + "|"]
+    ran = [r for r in results if not r.skipped]
+    for name, r in [(f"llamaspec {r.name}", r) for r in rows] + [(f"{r.peer} k={r.k}", r) for r in ran]:
+        lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in r.runs) + f" | {r.tps:.2f} |")
+    fixed = [r for r in rows if r.mode.startswith("fixed k=")]
+    best_fixed = max(fixed, key=lambda r: r.tps, default=None)
+    server = max((r for r in ran if r.peer.startswith("llama-server")), key=lambda r: r.tps, default=None)
+    autotune = next((r for r in ran if r.peer.startswith(PEER_LABELS["ik-autotune"])), None)
+    lines.append("")
+    for auto in (r for r in rows if r.mode.startswith("auto")):
+        cells = [f"{auto.mode} / best fixed ({best_fixed.mode}): {_ratio(auto.tps, best_fixed.tps)}"
+                 if best_fixed else f"{auto.mode} / best fixed: no fixed k ran"]
+        cells.append(f"/ llama-server's best (k={server.k}): {_ratio(auto.tps, server.tps)}" if server
+                     else "/ llama-server: not run")
+        cells.append(f"/ ik_llama.cpp --spec-autotune: {_ratio(auto.tps, autotune.tps)}" if autotune
+                     else "/ ik_llama.cpp --spec-autotune: not run")
+        lines.append("- " + "; ".join(cells))
+    return lines + [""]
+
+
 def summary(regimes, llamaspec: dict, results: list) -> list[str]:
     """Per regime: llamaspec's plain and best mode against each peer's best draft length."""
     names = list(dict.fromkeys(r.peer for r in results))
@@ -357,7 +426,7 @@ def main() -> None:
     ap.add_argument("--tools", type=Path, help="folder with llama.cpp's llama-speculative-simple and llama-server")
     ap.add_argument("--ik-tools", type=Path, help="folder with ik_llama.cpp's llama-server (its build/bin)")
     ap.add_argument("--peers", default="speculative-simple,llama-server,ik",
-                    help="peers to run (comma-separated): speculative-simple, llama-server, ik")
+                    help="peers to run (comma-separated): speculative-simple, llama-server, ik, ik-autotune")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=default_threads(), help="llamaspec's threads (peers: their own)")
     ap.add_argument("--no-repack", action="store_true", help="CPU only: turn off weight repacking (every engine)")
@@ -374,6 +443,9 @@ def main() -> None:
                          "(temperature only)")
     ap.add_argument("--temp", type=float, default=0.8, help="temperature of the sampled regimes")
     ap.add_argument("--prompts", default="code,prose")
+    ap.add_argument("--workload", default="sets", choices=["sets", "mixed"],
+                    help="sets: --prompts x --per-set, --tokens each; mixed: one session of requests that change "
+                         "character (code, prose, a copy-heavy edit, a short answer, a long reasoning answer)")
     ap.add_argument("--per-set", type=int, default=4, help="prompts taken from each set")
     ap.add_argument("--llama-extra", default="",
                     help="flags added to every peer command (the report shows them); the peers run fastest "
@@ -431,7 +503,13 @@ def main() -> None:
         except (ValueError, InvalidParameterError) as e:
             ap.error(str(e))
 
-    prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+    if a.workload == "mixed":
+        prompts = [prompt for _, prompt, _ in MIXED]
+        n_tokens = [max(int(round(share * a.tokens)), 1) for _, _, share in MIXED]
+        a.prompts = "mixed: " + ", ".join(f"{kind} ({n})" for (kind, _, _), n in zip(MIXED, n_tokens))
+    else:
+        prompts = [p for name in a.prompts.split(",") for p in {"code": CODE, "prose": PROSE}[name][:a.per_set]]
+        n_tokens = a.tokens
     if a.spec_type is None:  # the same drafter llamaspec picks for this file
         arch = read_model_info(a.draft).arch if a.draft else None
         a.spec_type = "draft-mtp" if a.draft is None else \
@@ -459,7 +537,7 @@ def main() -> None:
 
             enable_tree(pair, TreeSettings(a.tree, a.tree_siblings))   # measures the verify costs it needs
         pair.generate("warm up", max_tokens=16)
-        mine = run_llamaspec(pair, a, regimes, ks, modes, prompts)
+        mine = run_llamaspec(pair, a, regimes, ks, modes, prompts, n_tokens)
         if a.tree is not None:
             t = pair.tree
             a.tree_line = (f"- tree verification: threshold {a.tree}, at most {a.tree_siblings} siblings; "
@@ -476,11 +554,11 @@ def main() -> None:
         exe, why = peer_binary(a, name, case)
         versions.append(f"{PEER_LABELS[name]}: `{exe}` ({peers.tool_version(exe)})" if exe
                         else f"{PEER_LABELS[name]}: not run ({why})")
-        for k in ks:
+        for k in [max(ks)] if name in ONCE else ks:
             if name == "speculative-simple":
-                results += speculative_simple_results(exe, why, case, k, regimes, prompts, a.tokens)
+                results += speculative_simple_results(exe, why, case, k, regimes, prompts, n_tokens)
             else:
-                results += server_results(name, exe, why, case, k, regimes, prompts, a.tokens, a.server_timeout)
+                results += server_results(name, exe, why, case, k, regimes, prompts, n_tokens, a.server_timeout)
         write_report(a, hw, case, prompts, regimes, mine, results, versions, final=i == len(a.peers) - 1)
 
 
@@ -501,7 +579,9 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
              f"- llamaspec: threads {a.threads}, flash attention {a.flash_attn}, context {case.n_ctx}, "
              f"no_repack={a.no_repack}; ratios of sampled regimes are against plain decoding in the same regime",
              *[f"- peer {v}" for v in versions],
-             f"- {len(prompts)} prompts ({a.prompts}), {a.tokens} new tokens each, one warm-up per engine; peer "
+             f"- {len(prompts)} prompts ({a.prompts}), "
+             f"{'new tokens as given' if a.workload == 'mixed' else f'{a.tokens} new tokens each'}, one warm-up per "
+             f"engine; peer "
              f"commands are shown with the first prompt (the others differ only in it); "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
     if getattr(a, "tree_line", None):
@@ -511,6 +591,8 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
     lines += summary(regimes, mine, results)
     for regime in regimes:
         rows, states, where = mine[regime.name]
+        if a.workload == "mixed":
+            lines += session_section(regime, rows, [r for r in results if r.regime == regime.name])
         lines += regime_section(regime, rows, states, where, [r for r in results if r.regime == regime.name])
     report = "\n".join(lines)
     if final:

@@ -19,12 +19,17 @@ from .tuning import AutoTuning
 # ModelDrafter's catch-up (drafters/model.py): up to 2 missed tokens are decoded with the draft and counted in its
 # time; past 128 missed it restarts on its last 64 tokens
 _CATCH_UP_COUNTED, _CATCH_UP_MAX, _CATCH_UP_WINDOW = 2, 128, 64
+# the slowest a timing sample counts, over the estimate (Timing)
+_SLOWEST = 1.1
 
 
 class Timing:
     """Seconds per unit (a pass, a drafted token) that one slow sample cannot swing: other processes only ever make a
-    step slower, and on a shared machine one step can take many times its usual time. The minimum of the first
-    samples, their median once there are 3, then a decayed average of samples clipped to [1/2, 2] x the estimate."""
+    step slower, and on a shared machine one step can take many times its usual time; on a GPU a pass counted warm
+    can still pay a re-capture. The minimum of the first samples, their median once there are 3, then a decayed
+    average of samples clipped to [1/2, 11/10] x the estimate: a faster sample moves it at once, a slower one by at
+    most a tenth of its weight, so that one inflated pass of a size not drafted again cannot price it out for good
+    (a lasting slow-down still shows, over more samples)."""
 
     __slots__ = ("total", "weight", "samples", "_first")
 
@@ -48,7 +53,7 @@ class Timing:
                 self._first = None
             return
         estimate = self.total / self.weight
-        self.total = decay * self.total + min(max(per_unit, 0.5 * estimate), 2.0 * estimate) * units
+        self.total = decay * self.total + min(max(per_unit, 0.5 * estimate), _SLOWEST * estimate) * units
         self.weight = decay * self.weight + units
 
 

@@ -161,3 +161,41 @@ def test_peers_that_cannot_run_get_rows_saying_why(fake_tools, monkeypatch, tmp_
     monkeypatch.setenv("FAKE_SERVER_FAIL", "1")
     failed = bench.server_results("llama-server", exe, "", MTP, 2, [GREEDY], ["a"], 8, 30)
     assert failed[0].skipped.startswith("failed: the server exited") and failed[0].cmd.startswith(str(exe))
+
+
+def test_ik_autotune_gets_its_flag_and_the_longest_length_as_its_reach():
+    cmd = peers.ik_server_cmd(Path("/ik/llama-server"), MTP, 3, 8125, autotune=True)
+    assert cmd[cmd.index("--spec-type") + 1:cmd.index("--host")] == ["mtp:n_max=3,p_min=0.0", "--spec-autotune"]
+    assert "--spec-autotune" not in peers.ik_server_cmd(Path("/ik/llama-server"), MTP, 3, 8125)
+
+
+def test_a_mixed_session_sends_each_request_its_own_length_in_order(fake_tools):
+    bench = _bench_engine()
+    exe, log = fake_tools
+    prompts = [prompt for _, prompt, _ in bench.MIXED]
+    lengths = [40, 40, 40, 10, 80]
+    results = bench.server_results("ik-autotune", exe, "", MTP, 3, [GREEDY], prompts, lengths, 30)
+    bodies = [json.loads(line) for line in log.read_text().splitlines()][1:]
+    assert [(b["prompt"], b["n_predict"]) for b in bodies] == list(zip(prompts, lengths))
+    assert "--spec-autotune" in results[0].cmd and len(results[0].runs) == len(prompts)
+
+
+def test_the_session_table_compares_auto_with_the_best_fixed_length_and_the_peers():
+    bench = _bench_engine()
+    n = len(bench.MIXED)
+
+    def row(mode, tps):
+        r = bench.Row(mode, 0.0, tokens=int(100 * tps), seconds=100.0)
+        r.runs = [tps] * n
+        return r
+
+    rows = [row("plain", 10.0), row("fixed k=1", 12.0), row("fixed k=2", 15.0), row("auto", 16.5)]
+    server = peers.PeerResult("llama-server", 2, "greedy", tokens=1100, seconds=100.0, runs=[11.0] * n)
+    autotune = peers.PeerResult(bench.PEER_LABELS["ik-autotune"], 3, "greedy", tokens=1500, seconds=100.0,
+                                runs=[15.0] * n)
+    missing = peers.PeerResult("llama-server", 3, "greedy", skipped="failed")
+    lines = bench.session_section(GREEDY, rows, [server, autotune, missing])
+    assert any(line.startswith("| llamaspec fixed k=2 | 15.00 |") and line.endswith("| 15.00 |") for line in lines)
+    ratios = next(line for line in lines if line.startswith("- auto /"))
+    assert "best fixed (fixed k=2): 1.10x" in ratios and "(k=2): 1.50x" in ratios and "autotune: 1.10x" in ratios
+    assert not any("k=3 |" in line and "llama-server |" in line for line in lines)   # a peer that failed: no row

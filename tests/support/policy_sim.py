@@ -8,6 +8,7 @@ tokens when more than 128 are missing). The engine reports that catch-up, and th
 as setup, which the policy does not see; the clock charges it. Acceptance is a Bernoulli run per position.
 
     PYTHONPATH=. python tests/support/policy_sim.py   # auto against plain and every fixed k on CPU-like and GPU-like machines
+    PYTHONPATH=. python tests/support/policy_sim.py --recorded   # auto against the best fixed k, recorded H200 cases
 """
 from __future__ import annotations
 
@@ -86,8 +87,17 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
              max_tokens: int = 64, seed: int = 0, run_on: float | None = None) -> RunResult:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
     token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
-    `run_on` once the one before it was (greedy decoding, where agreement comes in runs)."""
+    `run_on` once the one before it was (greedy decoding, where agreement comes in runs). `acceptance` may also be a
+    list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
+    by position on a real pair."""
     rng, load = random.Random(seed), Load(machine, seed)
+    by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
+
+    def chance(accepted: int) -> float:   # of accepting draft position accepted + 1, the ones before accepted
+        if by_position is not None:
+            return by_position[min(accepted, len(by_position) - 1)]
+        return acceptance if run_on is None or not accepted else run_on
+
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
     hooks.attach("per_token", machine.costs(policy.draft_max) if machine.gpu else None)
@@ -122,7 +132,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
             if shadow:   # judged against the token the target emits; the target's pass stays one token
-                hooks.shadow(1.0 if rng.random() < acceptance else 0.0, setup + draft)
+                hooks.shadow(1.0 if rng.random() < chance(0) else 0.0, setup + draft)
                 out.shadows += 1
                 setup = draft = 0.0
             last_k = k
@@ -131,7 +141,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             verify = spend(machine.verify_at(k + 1, same))
             out.seconds += verify
             accepted = 0
-            while accepted < k and rng.random() < (acceptance if run_on is None or not accepted else run_on):
+            while accepted < k and rng.random() < chance(accepted):
                 accepted += 1
             policy.update(k, accepted, draft, verify)
             if n_out == 0:
@@ -179,6 +189,37 @@ TABLE = [(CPU, CHAT, (1.0, 0.7, 0.0)), (SHARED_CPU, CHAT, (0.9, 0.5)), (GPU, LON
          (H200_GRAPHS_BIG_DRAFT, LONG, (0.0,)), (H200_MTP, LONG, (0.8, 0.6))]
 
 
+# Recorded on the H200 (results/h200-peers-mtp27b-k123.md, h200-auto-warm-32b-draft70.md): the qwen35 27B MTP head's
+# costs, and the 32B ~70% draft's; acceptance by position as fixed k = 1, 2, 3 (and 5) measured it
+V27_RECORDED = [1.0, 1.11, 1.345, 1.60, 1.75, 1.9, 2.05, 2.2, 2.35, 2.5, 2.65, 2.8, 2.95]
+MTP_RECORDED = Machine("h200 27B + MTP, recorded", lambda n: V27_RECORDED[n - 1], 0.099, 0.01, switch=(0.6, 0.6),
+                       draft_switch=0.1, gpu=True)
+D70_RECORDED = Machine("h200 32B + ~70% draft, recorded", lambda n: H200_V[n - 1], 0.078, 0.01,
+                       switch=(0.45, 0.45), draft_switch=0.3, gpu=True)
+RECORDED = [("MTP, greedy", MTP_RECORDED, [0.69, 0.70, 0.69], 3),
+            ("MTP, T=0.8 temperature only", MTP_RECORDED, [0.82, 0.71, 0.66], 3),
+            ("32B ~70%, T=0.8, acceptance rising along the draft", D70_RECORDED, [.81, .88, .85, .97, .97, .85], 12),
+            ("32B ~70%, the same mean acceptance, flat (0.7)", D70_RECORDED, 0.7, 12)]
+
+
+def recorded(seeds: int = 6) -> None:
+    """auto against the best fixed k on the recorded H200 cases, cold (a fresh policy) and warm (after one
+    request): 4 requests x 128 tokens."""
+    print("| case | cold | warm |")
+    print("|---|---|---|")
+    for name, machine, acceptance, k_max in RECORDED:
+        cold, warm = [], []
+        for seed in range(seeds):
+            best = max(simulate(FixedPolicy(k), machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput
+                       for k in range(1, k_max + 1))
+            cold.append(simulate(make_policy("auto", k=k_max), machine, acceptance, requests=4, max_tokens=128,
+                                 seed=seed).throughput / best)
+            policy = make_policy("auto", k=k_max)
+            simulate(policy, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
+            warm.append(simulate(policy, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
+        print(f"| {name} | {sum(cold) / seeds:.3f} [{min(cold):.3f}] | {sum(warm) / seeds:.3f} [{min(warm):.3f}] |")
+
+
 def main(seeds: int = 5) -> None:
     print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
     print()
@@ -205,4 +246,6 @@ def main(seeds: int = 5) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    recorded() if sys.argv[1:] == ["--recorded"] else main()
