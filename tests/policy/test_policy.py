@@ -452,7 +452,7 @@ MTP_V = {1: 1.0, 2: 1.11, 3: 1.345, 4: 1.60}
 
 
 def _mtp_policy():
-    p = make_policy("auto", k=3)
+    p = make_policy("auto", draft_max=3)
     p.attach("per_token", Costs({n: v * MTP_T1 for n, v in MTP_V.items()}, 0.099 * MTP_T1,
                                 [0.45 * MTP_T1] * 8))
     return p
@@ -491,9 +491,9 @@ def test_auto_keeps_the_best_fixed_length_on_the_recorded_mtp_costs(acceptance):
     for seed in range(6):
         best = max(simulate(FixedPolicy(k), machine, list(acceptance), requests=4, max_tokens=128,
                             seed=seed).throughput for k in (1, 2, 3))
-        cold.append(simulate(make_policy("auto", k=3), machine, list(acceptance), requests=4, max_tokens=128,
+        cold.append(simulate(make_policy("auto", draft_max=3), machine, list(acceptance), requests=4, max_tokens=128,
                              seed=seed).throughput / best)
-        p = make_policy("auto", k=3)
+        p = make_policy("auto", draft_max=3)
         simulate(p, machine, list(acceptance), requests=1, max_tokens=128, seed=seed + 100)
         warm.append(simulate(p, machine, list(acceptance), requests=4, max_tokens=128, seed=seed).throughput / best)
     assert np.mean(cold) >= 0.97 and np.mean(warm) >= 0.975 and min(cold + warm) >= 0.94, (cold, warm)

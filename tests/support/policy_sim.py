@@ -212,9 +212,9 @@ def recorded(seeds: int = 6) -> None:
         for seed in range(seeds):
             best = max(simulate(FixedPolicy(k), machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput
                        for k in range(1, k_max + 1))
-            cold.append(simulate(make_policy("auto", k=k_max), machine, acceptance, requests=4, max_tokens=128,
+            cold.append(simulate(make_policy("auto", draft_max=k_max), machine, acceptance, requests=4, max_tokens=128,
                                  seed=seed).throughput / best)
-            policy = make_policy("auto", k=k_max)
+            policy = make_policy("auto", draft_max=k_max)
             simulate(policy, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
             warm.append(simulate(policy, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
         print(f"| {name} | {sum(cold) / seeds:.3f} [{min(cold):.3f}] | {sum(warm) / seeds:.3f} [{min(warm):.3f}] |")
