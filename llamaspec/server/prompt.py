@@ -104,6 +104,15 @@ class PromptTokenizer:
         found = self._control.search(text) if self._control is not None else None
         return found.group() if found else None
 
+    def mark_control(self, text: str, open_: str, close: str) -> str:
+        """`text` with every control-token text in it between `open_` and `close` ("" and "": removed)."""
+        if self._control is None:
+            return text
+        return self._control.sub(lambda m: open_ + m.group() + close if open_ or close else "", text)
+
+    def count_control(self, text: str) -> int:
+        return sum(1 for _ in self._control.finditer(text)) if self._control is not None else 0
+
     # -------------------------------------------------------------------------------------------------------
     def tokenize(self, segments: list[tuple[str, bool]], add_special: bool,
                  cancelled: threading.Event | None = None) -> list[int]:
@@ -239,18 +248,38 @@ def chat_segments(template: ChatTemplate, messages: list[dict], tokenizer: Promp
         return [(rendered, True)], add_bos
     index, hit = forged
     param = f"messages[{index}].content"
-    wrapped = template.render([{**m, "content": OPEN + m["content"] + CLOSE} for m in messages], **template_vars)
+    # each message's text apart: the template's own text is trusted, the messages' not
+    whole = [{**m, "content": OPEN + m["content"] + CLOSE} for m in messages]
+    segments = _split(template.render(whole, **template_vars), rendered)
+    if segments is None:
+        # a template that rewrites message text (Qwen's trims and splits it) keeps the control text's spans apart
+        # instead: what a message says around them has none, and the trusted text must hold exactly the control
+        # tokens the template writes (none formed where a message's text meets the template's)
+        spans = [{**m, "content": tokenizer.mark_control(m["content"], OPEN, CLOSE)} for m in messages]
+        segments = _split(template.render(spans, **template_vars), rendered)
+        if segments is not None:
+            bare = template.render([{**m, "content": tokenizer.mark_control(m["content"], "", "")} for m in messages],
+                                   **template_vars)
+            trusted = sum(tokenizer.count_control(text) for text, ok in segments if ok)
+            segments = segments if trusted == tokenizer.count_control(bare) else None
+    if segments is not None:
+        return segments, add_bos
+    raise ForgedTokenError(
+        f"{param} contains the special token text {hit!r}, and this model's chat template rewrites message text, "
+        "so it cannot be kept apart as plain text; remove it from the message", param)
+
+
+def _split(wrapped: str, rendered: str) -> list[tuple[str, bool]] | None:
+    """`wrapped` (message text between OPEN and CLOSE) as (text, trusted) segments, or None where the markers do
+    not pair up or the text without them is not `rendered` (the template cut, reordered or rewrote message text)."""
     segments, trusted = [], True
     for piece in re.split(f"([{OPEN}{CLOSE}])", wrapped):
         if piece in (OPEN, CLOSE):
             if (piece == OPEN) != trusted:
-                break  # unbalanced: the template cut or reordered message text
+                return None
             trusted = not trusted
         elif piece:
             segments.append((piece, trusted))
-    else:
-        if trusted and "".join(text for text, _ in segments) == rendered:
-            return segments, add_bos
-    raise ForgedTokenError(
-        f"{param} contains the special token text {hit!r}, and this model's chat template rewrites message text, "
-        "so it cannot be kept apart as plain text; remove it from the message", param)
+    if trusted and "".join(text for text, _ in segments) == rendered:
+        return segments
+    return None
