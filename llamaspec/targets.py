@@ -22,9 +22,12 @@ import time
 
 import numpy as np
 
+from .backend.sequences import batchable, shared_like
+from .backend.state_cache import StateCache
 from .drafters import PromptLookupDrafter, common_prefix_len
 from .drafters.base import Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
+from .drafters.batched_mtp import BatchedMTP
 from .errors import InvalidParameterError
 from .kinds import KINDS, Source, source_of
 from .policy import Hooks
@@ -51,8 +54,6 @@ def _source(pair) -> Source | None:
 def batch_support(pair) -> str | None:
     """None when `pair` can run several sequences in one pass; otherwise why it cannot (its requests then take turns
     on the pair's own contexts)."""
-    from .backend.sequences import batchable
-
     if pair.drafter_kind not in BATCHED_DRAFTERS:
         return f"the {pair.drafter_kind} drafter drafts one sequence at a time (batched: {', '.join(BATCHED_DRAFTERS)})"
     why = batchable(pair.target_ctx, pair.speculative)
@@ -67,8 +68,6 @@ def state_cache(pair, drafter):
     """The host-memory cache of saved slot states for a target (backend/state_cache.py), budgeted by the pair's
     `cache_ram` MiB; None when that is 0 or when `drafter` (the pair's, for the pair's own contexts) cannot save its
     own cache beside the target's."""
-    from .backend.state_cache import StateCache
-
     budget = pair.config.cache_ram
     if budget == 0 or (drafter is not None and not drafter.saves_state):
         return None
@@ -287,8 +286,6 @@ class SharedTarget:
     """`n_seq` sequences over shared contexts of the pair's models (n_ctx tokens in all, n_ctx / n_seq a sequence)."""
 
     def __init__(self, pair, n_seq: int, n_ctx: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
-        from .backend.sequences import shared_like
-
         why = batch_support(pair)
         if why is not None:
             raise InvalidParameterError(f"cannot decode several sequences at once: {why}", param="parallel")
@@ -305,8 +302,6 @@ class SharedTarget:
                 self.draft_ctx = shared_like(pair.draft_ctx, n_seq, self.ctx.n_ctx)
             elif pair.speculative and _source(pair).shares_target_context:   # the head over the shared target
                 # context, a sequence per slot
-                from .drafters.batched_mtp import BatchedMTP
-
                 self.mtp = BatchedMTP(self.ctx, pair.draft_ctx, n_seq)
         except BaseException:
             self.ctx.close()
