@@ -35,7 +35,7 @@ def test_no_key_press_or_bad_argument_loses_the_conversation(tmux, real_models, 
     start_chat(tmux, real_models, chat_dir)
 
     # 1. every slash command's bad argument is one line, and the chat goes on
-    for command, answer in [("/k ²", "usage: /k N"), ("/k 99999", "error: /k: N must be an integer in [0, 511]"),
+    for command, answer in [("/k ²", "usage: /k N"), ("/k 99999", "error: /k: N must be an integer in [0, 1023]"),
                             ("/temp inf", "error: /temp: X must be a number in [0, 2], got inf"),
                             ("/temp 1e999", "error: /temp: X must be a number"), ("/temp ½", "usage: /temp X"),
                             ("/policy nope", "usage: /policy NAME"), ("/save", "usage: /save FILE"),
