@@ -166,10 +166,11 @@ def run(mode: str, steps: int, repeat: int) -> tuple[float, int, int]:
 
 
 def instructions(mode: str, steps: int) -> tuple[int, int]:
-    """(instructions, steps) of one run of `mode` under callgrind, warm-up and startup included."""
+    """(instructions, steps) of one run of `mode` under callgrind, warm-up and startup included; string hashes
+    fixed (PYTHONHASHSEED), so that the same tree counts the same."""
     out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                           __file__, "--modes", mode, "--steps", str(steps), "--repeat", "1"],
-                         capture_output=True, text=True, env=os.environ, check=True)
+                         capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
     collected = int(re.search(r"Collected : (\d+)", out.stderr).group(1))
     passes = int(re.search(r"steps=(\d+)", out.stdout).group(1))
     return collected, passes
