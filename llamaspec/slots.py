@@ -120,6 +120,9 @@ class Engine:
                                   free_drafts=pair.speculative and source_of(pair.drafter_kind).free)
         target.engine_policy = self.policy
         self.times = StepTimes()
+        # fixed for the engine's life: another drafter gets another engine (Pair.engine)
+        self.speculative = pair.speculative
+        self.is_eog, self.token_bytes = pair.target.is_eog, pair.target.token_bytes
 
     @property
     def n_seq(self) -> int:
@@ -199,10 +202,15 @@ class Engine:
     def step(self) -> list[Slot]:
         """Draft, verify, accept for every active slot, and the prefill (a chunk of it, with others) of a joining
         one. Returns the slots that took part (their `pieces` say what each emitted; `done` whether it finished)."""
+        active, joining = [], None
         for slot in self.slots:
             slot.pieces = []
-        active = [s for s in self.slots if s.ready]
-        joining = next((s for s in self.slots if not s.done and not s.prefilled), None)
+            if slot.done:
+                continue
+            if slot.prefilled:
+                active.append(slot)
+            elif joining is None:
+                joining = slot
         t0 = time.perf_counter()
         drafts, probes, rounds = self.target.draft(active, joining, self._draft_lens(active))
         t1 = time.perf_counter()
@@ -215,10 +223,13 @@ class Engine:
                 raise
             except Exception as error:   # this slot's rows (a grammar, a penalty, a decode of its own): its alone
                 self._fail(slot, error)
-        if joining is not None and joining.prefilled:
-            joining.stats.time_prefill = time.perf_counter() - joining.t_start
-        self.times.add(t1 - t0, t2 - t1, time.perf_counter() - t0)
-        return active + ([joining] if joining is not None and joining not in active else [])
+        t3 = time.perf_counter()
+        self.times.add(t1 - t0, t2 - t1, t3 - t0)
+        if joining is None:
+            return active
+        if joining.prefilled:
+            joining.stats.time_prefill = t3 - joining.t_start
+        return active + [joining]
 
     def _draft_lens(self, active: list[Slot]) -> dict[int, tuple[int, bool]]:
         """Each active slot's draft length, and whether it takes a one-token shadow probe on a plain step. With two
@@ -231,7 +242,7 @@ class Engine:
             k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1,
                         self.target.k_cap), 0)
             s.together = False
-            return {s.index: (k, not k and room > 0 and self.pair.speculative and s.hooks.shadow_len() > 0)}
+            return {s.index: (k, not k and room > 0 and self.speculative and s.hooks.shadow_len() > 0)}
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
         caps = [max(min(room, s.max_tokens - s.n_out - 1, share, self.target.k_cap), 0)
@@ -242,7 +253,7 @@ class Engine:
         for s, k, room, chosen, probe in zip(active, ks, rooms, together, probes):
             s.together = chosen
             due = probe if chosen else s.hooks.shadow_len() > 0
-            lens[s.index] = k, not k and room > 0 and self.pair.speculative and due
+            lens[s.index] = k, not k and room > 0 and self.speculative and due
         return lens
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, pass_seconds: float):
@@ -267,8 +278,10 @@ class Engine:
         history.extend(drafted[:n_accepted])
         slot.last = next_token
         t2 = time.perf_counter()
-        chance = shadow_acceptance(probe, next_token, target_probs) if probe is not None else None
-        slot.stats.shadow_probes += chance is not None
+        stats, chance = slot.stats, None
+        if probe is not None:
+            chance = shadow_acceptance(probe, next_token, target_probs)
+            stats.shadow_probes += 1
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
         verify_seconds, own_seconds = pass_seconds + t1 - t0, draft_seconds + t2 - t1
@@ -279,7 +292,7 @@ class Engine:
                 slot.hooks.shadow(chance, own_seconds)
             setup = draft.setup_seconds if drafted else 0.0
             slot.policy.update(len(drafted), n_accepted, max(draft_seconds - setup, 0.0) + t2 - t1, verify_seconds)
-        slot.stats.record_step(len(drafted), n_accepted, own_seconds, verify_seconds)
+        stats.record_step(len(drafted), n_accepted, own_seconds, verify_seconds)
         for i, token in enumerate(drafted[:n_accepted] + [next_token]):
             self._emit(slot, token, i < n_accepted)
             if slot.done:
@@ -289,12 +302,13 @@ class Engine:
 
     def _emit(self, slot: Slot, token: int, from_draft: bool) -> None:
         slot.n_out += 1
-        slot.stats.tokens_generated = slot.n_out
-        if self.pair.target.is_eog(token):
+        stats = slot.stats
+        stats.tokens_generated = slot.n_out
+        if self.is_eog(token):
             return self._finish(slot, "stop")
-        if not slot.stats.time_to_first_token:
-            slot.stats.time_to_first_token = time.perf_counter() - slot.t_start
-        text, stopped = slot.matcher.push(slot.decoder.decode(self.pair.target.token_bytes(token)))
+        if not stats.time_to_first_token:
+            stats.time_to_first_token = time.perf_counter() - slot.t_start
+        text, stopped = slot.matcher.push(slot.decoder.decode(self.token_bytes(token)))
         slot.tokens.append(token)
         slot.pieces.append(Piece(text, token, from_draft))
         if stopped:

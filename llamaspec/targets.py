@@ -25,7 +25,7 @@ import numpy as np
 from .backend.sequences import batchable, shared_like
 from .backend.state_cache import StateCache
 from .drafters import PromptLookupDrafter, common_prefix_len
-from .drafters.base import Draft
+from .drafters.base import NO_DRAFT, Draft
 from .drafters.batched import DraftJob, SeqDraft, propose_all
 from .drafters.batched_mtp import BatchedMTP
 from .errors import InvalidParameterError
@@ -235,7 +235,7 @@ class LoneTarget:
         slot = active[0]
         k, probe = lens[slot.index]
         p_min = slot.policy.draft_p_min
-        draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else Draft([])
+        draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else NO_DRAFT
         probed = self.drafter.propose(slot.history, slot.last, 1, p_min) if probe else None
         return {slot.index: draft}, ({slot.index: probed} if probed is not None else {}), 0
 
