@@ -27,6 +27,10 @@ the dimensions plus a 4x longer part on the last 1/8, and the head's enorm is 0 
 sigma(x) (the long part dominates and the output row follows it); the head sees only e(alias(x)) and predicts
 sigma(alias(x)). A draft token is therefore accepted (greedy) exactly when the token it follows is not in D: each
 position independently with probability ~ agree, and the head's own hidden state (chained drafts) changes nothing.
+With a list of rates (--agree 0.95,0.7,0.3 --agree-run 1024) D is drawn per run of the cycle instead: the tokens
+greedy decoding visits in a row (g_0, g_c, g_2c, ...) take the list's rates in turn, --agree-run tokens each, so one
+answer keeps one acceptance rate for hundreds of tokens and the next request, starting elsewhere on the cycle, may
+see another: a mixed workload for adaptive draft lengths (sampling leaves the walk and mixes the runs).
 
 The tokenizer. By default llama.cpp's test vocabulary (tokens "tok_0".., no BOS/EOS): G is the whole vocabulary
 (sigma(x) = x + c mod V), any text tokenizes, generation never stops early. --vocab copies a vocab-only GGUF's
@@ -134,8 +138,10 @@ class Vocabulary:
     """The embeddings and the output matrix, row by row (deterministic in the seed), for the cycle sigma over the
     good tokens `good` (all of them by default)."""
 
-    def __init__(self, n_vocab: int, n_embd: int, agree: float, seed: int, good: np.ndarray | None = None):
+    def __init__(self, n_vocab: int, n_embd: int, agree, seed: int, good: np.ndarray | None = None,
+                 run: int = 1024):
         self.n_vocab, self.n_embd, self.seed = n_vocab, n_embd, seed
+        rates = (agree,) if isinstance(agree, (int, float)) else tuple(agree)
         self.n_a = n_embd - n_embd // B_FRACTION
         rng = np.random.default_rng(seed)
         self.good = np.arange(n_vocab) if good is None else np.asarray(good)
@@ -144,7 +150,14 @@ class Vocabulary:
         self.bias = not is_good.all()          # dimension 0 marks the tokens outside G (a real vocabulary)
         n_good = len(self.good)
         self.step = next(c for c in range(n_good // 3, n_good) if np.gcd(c, n_good) == 1)  # g_i -> g_{i+c}
-        self.in_d = (rng.random(n_vocab) >= agree) & is_good     # the tokens the head mispredicts
+        # the head's agreement along the cycle: rates[b] on the b-th run of `run` tokens in walk order (the order
+        # greedy decoding visits them: g_0, g_c, g_2c, ...), the runs taking the rates in turn
+        threshold = np.full(n_vocab, rates[0], dtype=np.float64)
+        if len(rates) > 1:
+            walk = np.arange(n_good) * pow(self.step, -1, n_good) % n_good   # g_i's position in walk order
+            threshold[self.good] = np.asarray(rates)[walk // run % len(rates)]
+        self.rates, self.run = rates, run
+        self.in_d = (rng.random(n_vocab) >= threshold) & is_good     # the tokens the head mispredicts
         agreeing = np.flatnonzero(is_good & ~self.in_d)
         if len(agreeing) == 0:
             raise SystemExit("error: --agree leaves no token the head predicts right")
@@ -296,7 +309,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--agree", type=float, default=0.7, help="fraction of the vocabulary the head predicts right")
+    ap.add_argument("--agree", default="0.7",
+                    help="fraction of the vocabulary the head predicts right; a comma-separated list (0.95,0.7,0.3) "
+                         "gives each run of --agree-run tokens along the cycle the next rate in turn: a greedy "
+                         "answer stays in one run for up to that many tokens, so requests see different acceptance "
+                         "(a mixed workload)")
+    ap.add_argument("--agree-run", type=int, default=1024,
+                    help="with a list of --agree rates: tokens of the cycle (in the order greedy decoding walks it) "
+                         "per rate [1024]")
     ap.add_argument("--scale", type=float, default=None,
                     help="output logit scale [default: p(top) ~ 0.75 at T=0.8: 0.15 at 27b, 0.47 at tiny with the "
                          "test vocabulary; solved for the good tokens with --vocab]")
@@ -307,8 +327,14 @@ def main() -> None:
     ap.add_argument("--header-only", action="store_true",
                     help="write the header only, the tensor data a hole of its size (for header readers: check)")
     a = ap.parse_args()
-    if not 0.0 < a.agree <= 1.0:
-        ap.error("--agree must be in (0, 1]")
+    try:
+        rates = [float(x) for x in a.agree.split(",")]
+    except ValueError:
+        ap.error(f"--agree: {a.agree!r} is not a number or a comma-separated list of numbers")
+    if not all(0.0 <= r <= 1.0 for r in rates) or max(rates) <= 0.0 or (len(rates) == 1 and rates[0] <= 0.0):
+        ap.error("--agree: each rate in [0, 1], and one of them above 0")
+    if a.agree_run < 1:
+        ap.error("--agree-run must be at least 1")
     p = dict(PRESETS[a.preset])
     template = a.chat_template.read_text(encoding="utf-8") if a.chat_template is not None else None
     tokenizer = Tokenizer(a.vocab, p["n_vocab"], template) if a.vocab is not None else None
@@ -324,7 +350,8 @@ def main() -> None:
     else:
         scale = 0.15 if a.preset == "27b" else 0.47
     t0 = time.perf_counter()
-    vocab = Vocabulary(p["n_vocab"], p["n_embd"], a.agree, a.seed, good)
+    vocab = Vocabulary(p["n_vocab"], p["n_embd"], rates[0] if len(rates) == 1 else rates, a.seed, good,
+                       a.agree_run)
 
     # probe: the target's p(top) at T = 0.8 for a few tokens, from the output matrix as it is built
     probe_tokens = vocab.good[np.arange(0, len(vocab.good), max(1, len(vocab.good) // 16))[:16]]
@@ -386,7 +413,8 @@ def main() -> None:
     p_top = np.exp(z.max(axis=1) - np.logaddexp.reduce(z, axis=1))
     argmax_ok = np.mean(logits.argmax(axis=1) == vocab.sigma[probe_tokens])
     print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, {a.preset}) in {time.perf_counter() - t0:.0f} s: "
-          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked {a.agree}); the trunk's "
+          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked {a.agree}"
+          f"{f' in runs of {a.agree_run}' if len(rates) > 1 else ''}); the trunk's "
           f"argmax is sigma(x) for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
           f"{np.median(p_top):.2f} (scale {scale})", file=sys.stderr)
 
