@@ -35,8 +35,10 @@ Per session: wall seconds from the first request to the last answer (the server'
 Servers (--server, run in the order given), each at its documented multi-turn settings for hybrid models plus what
 the case needs; the same context (-c), KV type (-ctk/-ctv), flash attention, one slot (-np 1), draft length (--k)
 and per-request sampling on all:
-- llamaspec serve: `--drafter mtp` (or -md D.gguf), --draft-max K; turn checkpoints are its default;
-- llama-server: `--spec-type draft-mtp` (or -md with draft-simple), --spec-draft-n-max K, --ctx-checkpoints 32,
+- llamaspec serve: `--drafter mtp` (or -md D.gguf, or `--drafter lookup` at its default lengths), --draft-max K;
+  turn checkpoints are its default;
+- llama-server: `--spec-type draft-mtp` (or -md with draft-simple, or ngram-simple for lookup at its default
+  lengths), --spec-draft-n-max K, --ctx-checkpoints 32,
   --cache-ram 8192 (its defaults, said explicitly), --jinja (its default); no --cache-reuse (KV shifting does not
   apply to a recurrent state);
 - ik_llama.cpp: `--spec-type mtp:n_max=K,p_min=0.0` (or draft:...), --jinja (off by default there),
@@ -105,19 +107,23 @@ class Setup:
 
 
 def llamaspec_cmd(launcher: list[str], setup: Setup, port: int, extra: list[str]) -> list[str]:
-    drafting = {"mtp": ["--drafter", "mtp"], "draft": ["--drafter", "model"], "none": ["--no-draft"]}[setup.drafter]
-    k = ["--draft-max", str(setup.k)] if setup.drafter != "none" else []
+    drafting = {"mtp": ["--drafter", "mtp"], "draft": ["--drafter", "model"], "lookup": ["--drafter", "lookup"],
+                "none": ["--no-draft"]}[setup.drafter]
+    k = ["--draft-max", str(setup.k)] if setup.drafter not in ("none", "lookup") else []   # lookup: its default
     return [*launcher, "serve", *setup.common(), *drafting, *k, "--host", "127.0.0.1", "--port", str(port), *extra]
 
 
 def llama_server_cmd(exe: str, setup: Setup, port: int, extra: list[str]) -> list[str]:
-    spec = {"mtp": ["--spec-type", "draft-mtp"], "draft": ["--spec-type", "draft-simple"], "none": []}[setup.drafter]
-    k = ["--spec-draft-n-max", str(setup.k)] if spec else []
+    spec = {"mtp": ["--spec-type", "draft-mtp"], "draft": ["--spec-type", "draft-simple"],
+            "lookup": ["--spec-type", "ngram-simple"], "none": []}[setup.drafter]
+    k = ["--spec-draft-n-max", str(setup.k)] if spec and setup.drafter != "lookup" else []   # ngram: its defaults
     return [exe, *setup.common(), *spec, *k, "--ctx-checkpoints", str(CTX_CHECKPOINTS), "--cache-ram",
             str(CACHE_RAM_MIB), "--jinja", "--host", "127.0.0.1", "--port", str(port), *extra]
 
 
 def ik_server_cmd(exe: str, setup: Setup, port: int, extra: list[str]) -> list[str]:
+    if setup.drafter == "lookup":
+        raise ReplayError("ik_llama.cpp: prompt lookup is not set up in this benchmark (--drafter lookup)")
     stage = {"mtp": "mtp", "draft": "draft"}.get(setup.drafter)
     spec = ["--spec-type", f"{stage}:n_max={setup.k},p_min=0.0"] if stage else []
     common = [f for f in setup.common() if f != "--no-repack"]   # ik_llama.cpp repacks only with -rtr
@@ -389,7 +395,8 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
     sizes = ", ".join(f"{Path(f).name} ({Path(f).stat().st_size / 2**20:.0f} MiB)" if Path(f).is_file()
                       else Path(f).name for f in files)
     drafter = {"mtp": f"the target's MTP head, draft length {setup.k}", "none": "none (plain decoding)",
-               "draft": f"draft model {Path(setup.draft or '').name}, draft length {setup.k}"}[setup.drafter]
+               "draft": f"draft model {Path(setup.draft or '').name}, draft length {setup.k}",
+               "lookup": "prompt lookup (llama-server: ngram-simple), each at its default lengths"}[setup.drafter]
     lines = ["# Session replay", "", f"Hardware: {hardware}.", "", f"Model files: {sizes}. Drafter: {drafter}. "
              f"Context {setup.n_ctx}, KV {setup.kv_type}, flash attention {setup.flash_attn}, one slot; "
              f"max_tokens {a.max_tokens} per turn.", "",
@@ -449,8 +456,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--target", required=True, help="target GGUF (a qwen35 file carries its MTP head)")
     p.add_argument("--draft", help="draft GGUF (a draft-model pair instead of the MTP head)")
-    p.add_argument("--drafter", choices=["mtp", "draft", "none"],
-                   help="mtp: the target's head; draft: --draft; none: plain [default: draft with --draft, else mtp]")
+    p.add_argument("--drafter", choices=["mtp", "draft", "lookup", "none"],
+                   help="mtp: the target's head; draft: --draft; lookup: prompt lookup (llama-server: ngram-simple; "
+                        "each at its default lengths); none: plain [default: draft with --draft, else mtp]")
     p.add_argument("--k", type=int, default=3, help="draft length (llamaspec: its longest) [3]")
     p.add_argument("--server", type=names(SERVERS), default=["llamaspec"], help="llamaspec,llama-server,ik")
     p.add_argument("--sessions", type=names(tuple(sessions.SESSIONS)), default=list(sessions.SESSIONS))

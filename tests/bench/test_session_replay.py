@@ -85,6 +85,16 @@ def test_every_server_gets_the_same_context_kv_slot_and_draft_length():
     assert "draft:n_max=3,p_min=0.0" in replay.ik_server_cmd("ik", pair, 1, [])
 
 
+def test_prompt_lookup_runs_as_the_same_kind_on_both_sides_at_their_default_lengths():
+    lookup = replay.Setup("T.gguf", None, "lookup", k=3)
+    ours = replay.llamaspec_cmd(["llamaspec"], lookup, 1, [])
+    server = replay.llama_server_cmd("s", lookup, 1, [])
+    assert ours[ours.index("--drafter") + 1] == "lookup" and "--draft-max" not in ours
+    assert server[server.index("--spec-type") + 1] == "ngram-simple" and "--spec-draft-n-max" not in server
+    with pytest.raises(replay.ReplayError, match="lookup"):
+        replay.ik_server_cmd("ik", lookup, 1, [])
+
+
 # -- against a fake llama-server ------------------------------------------------------------------------------------
 @pytest.fixture
 def fake_server(tmp_path, monkeypatch):
