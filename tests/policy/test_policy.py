@@ -497,3 +497,23 @@ def test_auto_keeps_the_best_fixed_length_on_the_recorded_mtp_costs(acceptance):
         simulate(p, machine, list(acceptance), requests=1, max_tokens=128, seed=seed + 100)
         warm.append(simulate(p, machine, list(acceptance), requests=4, max_tokens=128, seed=seed).throughput / best)
     assert np.mean(cold) >= 0.97 and np.mean(warm) >= 0.975 and min(cold + warm) >= 0.94, (cold, warm)
+
+
+def test_a_mixed_session_changes_acceptance_per_request_and_auto_follows_it():
+    """The simulator's mixed session (one request per (acceptance, tokens)): a fixed k=1 is judged at each request's
+    own rate, and `auto` over sessions of rates 0.95/0.7/0.4/0.1 on the recorded MTP costs keeps the best fixed k's
+    speed on average (measured 0.991; the goal of issue 37, 1.10x, is not reached: the head's k <= 3 leaves little
+    between k=1 and the best k)."""
+    from support.policy_sim import MTP_RECORDED, mixed_session, simulate
+
+    session = [(1.0, 64), (0.0, 64)]
+    one = simulate(FixedPolicy(1), MTP_RECORDED, 0.5, session=session, seed=0)
+    assert one.tokens == 128 and one.drafted == 32 + 63     # all accepted: 2 tokens a step; none: 1
+    assert simulate(FixedPolicy(1), MTP_RECORDED, 0.5, session=session[:1], seed=0).tokens == 64
+    ratios = []
+    for seed in range(12):
+        s = mixed_session(seed)
+        best = max(simulate(FixedPolicy(k), MTP_RECORDED, 0.0, session=s, seed=seed).throughput for k in (1, 2, 3))
+        ratios.append(simulate(make_policy("auto", draft_max=3), MTP_RECORDED, 0.0, session=s,
+                               seed=seed).throughput / best)
+    assert np.mean(ratios) >= 0.97 and min(ratios) >= 0.88, ratios

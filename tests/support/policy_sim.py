@@ -9,6 +9,7 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
 
     PYTHONPATH=. python tests/support/policy_sim.py   # auto against plain and every fixed k on CPU-like and GPU-like machines
     PYTHONPATH=. python tests/support/policy_sim.py --recorded   # auto against the best fixed k, recorded H200 cases
+    PYTHONPATH=. python tests/support/policy_sim.py --mixed      # the same on mixed sessions (requests of changing acceptance)
 """
 from __future__ import annotations
 
@@ -84,19 +85,22 @@ class Load:
 
 
 def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
-             max_tokens: int = 64, seed: int = 0, run_on: float | None = None) -> RunResult:
+             max_tokens: int = 64, seed: int = 0, run_on: float | None = None,
+             session: list | None = None) -> RunResult:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
     token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
     `run_on` once the one before it was (greedy decoding, where agreement comes in runs). `acceptance` may also be a
     list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
-    by position on a real pair."""
+    by position on a real pair. `session`, a list of (acceptance, max_tokens), replaces `requests`, `acceptance`
+    and `max_tokens` by one request each (a mixed workload: requests of changing character)."""
     rng, load = random.Random(seed), Load(machine, seed)
-    by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
+    plan = session if session is not None else [(acceptance, max_tokens)] * requests
+    by_position, flat = None, acceptance
 
     def chance(accepted: int) -> float:   # of accepting draft position accepted + 1, the ones before accepted
         if by_position is not None:
             return by_position[min(accepted, len(by_position) - 1)]
-        return acceptance if run_on is None or not accepted else run_on
+        return flat if run_on is None or not accepted else run_on
 
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
@@ -105,7 +109,9 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
 
-    for _ in range(requests):
+    for acceptance, max_tokens in plan:
+        by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
+        flat = acceptance
         start = out.seconds
         hooks.new_request()
         out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
@@ -220,6 +226,32 @@ def recorded(seeds: int = 6) -> None:
         print(f"| {name} | {sum(cold) / seeds:.3f} [{min(cold):.3f}] | {sum(warm) / seeds:.3f} [{min(warm):.3f}] |")
 
 
+# the mixed workload of benchmarks/compare/bench_engine.py --workload mixed --tokens 128 on the synthetic MTP model
+# with runs of agreement (synth_mtp.py --agree 0.95,0.7,0.4,0.1): five requests of 128, 128, 128, 32 and 256 tokens,
+# each in a run of one rate, which run by chance
+MIXED_RATES, MIXED_TOKENS = (0.95, 0.7, 0.4, 0.1), (128, 128, 128, 32, 256)
+
+
+def mixed_session(seed: int) -> list:
+    rng = random.Random(seed)
+    return [(rng.choice(MIXED_RATES), n) for n in MIXED_TOKENS]
+
+
+def mixed(seeds: int = 40) -> None:
+    """auto against the best fixed k (1-3) and against k=1 on mixed sessions with the recorded MTP costs."""
+    vs_best, vs_one = [], []
+    for seed in range(seeds):
+        session = mixed_session(seed)
+        fixed = {k: simulate(FixedPolicy(k), MTP_RECORDED, 0.0, session=session, seed=seed).throughput
+                 for k in (1, 2, 3)}
+        auto = simulate(make_policy("auto", draft_max=3), MTP_RECORDED, 0.0, session=session, seed=seed).throughput
+        vs_best.append(auto / max(fixed.values()))
+        vs_one.append(auto / fixed[1])
+    print(f"mixed sessions ({seeds} seeds, rates {MIXED_RATES} by chance, tokens {MIXED_TOKENS}), recorded MTP costs: "
+          f"auto / best fixed k {sum(vs_best) / seeds:.3f} [{min(vs_best):.3f}], auto / k=1 "
+          f"{sum(vs_one) / seeds:.3f} [{min(vs_one):.3f}]")
+
+
 def main(seeds: int = 5) -> None:
     print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
     print()
@@ -248,4 +280,4 @@ def main(seeds: int = 5) -> None:
 if __name__ == "__main__":
     import sys
 
-    recorded() if sys.argv[1:] == ["--recorded"] else main()
+    {"--recorded": recorded, "--mixed": mixed}.get(sys.argv[1] if sys.argv[1:] else "", main)()
