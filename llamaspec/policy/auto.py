@@ -155,6 +155,7 @@ class AutoPolicy(DraftPolicy):
         beyond a warm one, the price of the draft before it."""
         t, model = self.tuning, self.model
         self._since_draft, self._since_plain = self._since_draft + 1, 0
+        self.accept.wait()
         t_plain = model.size_time(1)
         if self.phase is Phase.START:   # the first plain pass: an allowance for learning the costs
             self.phase, self._credit = Phase.MEASURE, t.initial_credit_steps * t_plain
@@ -169,7 +170,7 @@ class AutoPolicy(DraftPolicy):
             self.step = Step.ORDINARY
             self._decide(probe_failed=False)
             return
-        if self.phase is Phase.MEASURE and not (self._shadows and model.t_draft is None and self.accept.tried[1]):
+        if self.phase is Phase.MEASURE and not (self._shadows and model.t_draft is None and self.accept.seen[1]):
             # measure the draft first, then plain passes enough to trust. (A draft measured by shadow probes only,
             # none accepted yet, waits for one on the schedule below.)
             if model.t_draft is None:
@@ -270,7 +271,7 @@ class AutoPolicy(DraftPolicy):
             return
         self.phase = Phase.ON if gain >= t.min_gain else Phase.OFF
         on = self.phase is Phase.ON
-        if on and self._shadows and not self.accept.tried[1]:
+        if on and self._shadows and not self.accept.seen[1]:
             # no acceptance seen yet (the costs came from calibrate): a shadow probe asks before any draft
             self._k, self.step, self._since_probe, self._probe_due = 0, Step.SHADOW, 0, self._probe_interval
             return
@@ -292,7 +293,7 @@ class AutoPolicy(DraftPolicy):
             if self._since_plain >= every and gain < t.sure_gain * t.min_gain and \
                     model.switch_cost <= t.cold_refresh * self.verify_time(1):
                 best, self.step = 0, Step.REFRESH
-        elif probe_failed and on and self.accept.tried[1] >= 2:
+        elif probe_failed and on and self.accept.seen[1] >= 2:
             # back off while probes fail (after a second try: one rejection says little); one that was accepted:
             # look again soon
             self._probe_interval = min(self._probe_interval * 2, self._longest_interval())
@@ -300,5 +301,5 @@ class AutoPolicy(DraftPolicy):
             self._probe_interval = t.probe_every
         self._since_probe, self._k = 0, best
         self._probe_due = self._probe_interval if on else t.recheck_every
-        if not best and on and self._shadows and self.accept.tried[1] < t.plain_samples:
+        if not best and on and self._shadows and self.accept.seen[1] < t.plain_samples:
             self._probe_due = 1   # acceptance seen once or twice: ask again with the next shadow probe

@@ -67,25 +67,39 @@ class Acceptance:
         self.k_max, self.tuning = k_max, tuning
         self.acc = [0.0] * (k_max + 1)
         self.tried = [0.0] * (k_max + 1)
+        self.seen = [0.0] * (k_max + 1)   # tried, without the fading of idle steps: how much was judged at all
+        self.idle = 0   # plain steps since the last judgement: what was seen before them fades (idle_decay)
+
+    def wait(self) -> None:
+        """A plain step (no draft judged): O(1), the fading is applied at the next judgement."""
+        self.idle += 1
 
     def _decay(self, judged: int) -> None:
         d, stale = self.tuning.decay, self.tuning.stale_decay
+        if self.idle:   # the evidence fades, and the prior with it (estimates): the next judgements weigh more
+            fade = self.tuning.idle_decay ** self.idle
+            self.acc = [a * fade for a in self.acc]
+            self.tried = [n * fade for n in self.tried]
+        self.idle = 0
         for j in range(1, self.k_max + 1):
             keep = d if j <= judged else stale
             self.acc[j] *= keep
             self.tried[j] *= keep
+            self.seen[j] *= keep
 
     def record_draft(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)   # positions after the first rejection were not judged
         self._decay(judged)
         for j in range(1, judged + 1):
             self.tried[j] += 1.0
+            self.seen[j] += 1.0
             self.acc[j] += 1.0 if j <= accepted else 0.0
 
     def record_first(self, chance: float) -> None:
         """A shadow probe: position 1 judged, accepted with `chance`."""
         self._decay(1)
         self.tried[1] += 1.0
+        self.seen[1] += 1.0
         self.acc[1] += chance
 
     def estimates(self) -> list[float]:
@@ -96,6 +110,8 @@ class Acceptance:
         out, before = [0.0] * (self.k_max + 1), t.prior
         for j in range(1, self.k_max + 1):
             w0 = t.prior_weight if j == 1 else t.chain_weight
+            if self.seen[j]:   # faded by idle steps as the evidence was: fading alone moves no estimate
+                w0 *= self.tried[j] / self.seen[j]
             before = (self.acc[j] + w0 * before) / (self.tried[j] + w0)
             out[j] = before
         return out

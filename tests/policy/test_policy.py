@@ -517,3 +517,26 @@ def test_a_mixed_session_changes_acceptance_per_request_and_auto_follows_it():
         ratios.append(simulate(make_policy("auto", draft_max=3), MTP_RECORDED, 0.0, session=s,
                                seed=seed).throughput / best)
     assert np.mean(ratios) >= 0.97 and min(ratios) >= 0.88, ratios
+
+
+def test_after_a_request_with_a_poor_draft_auto_drafts_again_soon_when_the_next_one_agrees():
+    """Requests of changing character (0.7, then 0.15, then three at 0.55) on the recorded MTP costs: while plain,
+    what was judged before fades (idle_decay), so a shadow probe that is accepted after a poor request is trusted
+    and drafting resumes. Without the fading (idle_decay=1.0) the 0.55 requests ran plain for 96 steps on average
+    (up to 305) and auto made 0.952 of the best fixed k; with it 31 steps and 0.977."""
+    from support.policy_sim import MTP_RECORDED, simulate
+
+    session = [(0.7, 128), (0.15, 128), (0.55, 128), (0.55, 32), (0.55, 256)]
+    ratios, plain = [], []
+    for seed in range(12):
+        policy, steps = make_policy("auto", draft_max=3), []
+        update, new_request = policy.update, policy.new_request
+        policy.update = lambda drafted, *rest: (steps.append(drafted), update(drafted, *rest))
+        policy.new_request = lambda: (steps.append("|"), new_request())
+        result = simulate(policy, MTP_RECORDED, 0.0, session=session, seed=seed)
+        best = max(simulate(FixedPolicy(k), MTP_RECORDED, 0.0, session=session, seed=seed).throughput
+                   for k in (1, 2, 3))
+        ratios.append(result.throughput / best)
+        requests = "".join(str(s) for s in steps).split("|")[1:]
+        plain.append("".join(requests[2:]).count("0"))
+    assert np.mean(ratios) >= 0.97 and np.mean(plain) <= 45, (ratios, plain)
