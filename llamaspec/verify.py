@@ -44,8 +44,22 @@ def accept_rejection(
         # accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q
         if rng.random() * q.prob(x) < p.prob(x):
             continue
-        return i, sample(residual(p, q), rng)
+        return i, sample_residual(p, q, rng)
     return k, sample(as_dist(target_probs(k)), rng)
+
+
+def sample_residual(p: Dist, q: Dist, rng: np.random.Generator) -> int:
+    """A token from normalize(max(0, p - q)), after a rejection at p's row. Where p carries a draw of its own (the
+    device's sampler drew y ~ p, independently of the rejection), y is kept with chance max(0, p(y) - q(y)) / p(y):
+    y then has the residual's distribution, with total chance Z = sum max(0, p - q); otherwise the residual is
+    built and sampled in full. Together: exactly the residual (Z of it one way, 1 - Z the other), and the vocabulary
+    passes of building it are skipped in Z of the rejections, most of them where p and q disagree."""
+    y, p.draw = p.draw, -1
+    if y >= 0:
+        py = p.prob(y)
+        if py > 0.0 and rng.random() * py < py - q.prob(y):
+            return y
+    return sample(residual(p, q), rng)
 
 
 def residual(p: Dist, q: Dist) -> Dist:

@@ -289,3 +289,40 @@ def test_rejection_sampling_keeps_the_filtered_target_distribution_in_either_ord
         accepted += n_acc
     assert 0 < accepted < 16000
     assert_follows(counts, p)
+
+
+@pytest.mark.parametrize("p_sparse", [False, True])
+def test_a_rejection_takes_the_targets_own_draw_where_it_has_one_and_the_output_stays_exact(p_sparse):
+    """Target rows as the device hands them, each with a draw of its own (y ~ p): after a rejection the draw is kept
+    with chance max(0, p(y) - q(y)) / p(y), else the residual is sampled in full. The token after a rejection
+    follows normalize(max(0, p - q)) exactly, the emitted token follows p, and the draw saves the full residual in
+    about Z = sum max(0, p - q) of the rejections."""
+    import llamaspec.verify as verify
+
+    p = np.array([0.0, 0.45, 0.3, 0.15, 0.1, 0.0], dtype=np.float32)
+    q = np.array([0.3, 0.1, 0.0, 0.2, 0.0, 0.4], dtype=np.float32)
+    resid = np.maximum(p - q, 0.0) / np.maximum(p - q, 0.0).sum()
+    device, rng = np.random.default_rng(11), np.random.default_rng(12)
+    q_row = _dense(q)
+    built = []
+    real_residual = verify.residual
+    verify.residual = lambda a, b: (built.append(1), real_residual(a, b))[1]
+    try:
+        emitted, after_rejection = np.zeros(len(p)), np.zeros(len(p))
+        n = 40000
+        for _ in range(n):
+            p_row = _dense(p, np.flatnonzero(p)) if p_sparse else _dense(p)
+            p_row.draw = int(device.choice(len(p), p=p / p.sum()))
+            x = sample(q_row, rng)
+            n_acc, nxt = accept_rejection(np.array([x]), [q_row], lambda i: p_row, rng)
+            emitted[x if n_acc == 1 else nxt] += 1
+            if n_acc == 0:
+                after_rejection[nxt] += 1
+                assert p_row.draw == -1   # used once
+    finally:
+        verify.residual = real_residual
+    assert_follows(emitted.astype(int), p)
+    assert_follows(after_rejection.astype(int), resid)
+    z = np.maximum(p - q, 0.0).sum()
+    rejections = after_rejection.sum()
+    assert abs(len(built) / rejections - (1 - z)) < 0.03   # the residual built only where the draw was not kept
