@@ -30,7 +30,12 @@ prompt_tokens; ik_llama.cpp has no cache_n, usage's prompt_tokens_details.cached
   tool call TTFT is later on llamaspec: the server's prompt seconds, prompt_ms, are shown beside it);
 - decode tok/s: the server's predicted_per_second (llama.cpp counts predicted_n - 1 steps over predicted_ms,
   llamaspec predicted_n), else predicted_n / predicted_ms, else the client's clock from the first content.
-Per session: wall seconds from the first request to the last answer (the server's load and a warm-up excluded).
+Per session: wall seconds from the first request to the last answer (the server's load and a warm-up excluded),
+and prompt tok/s over every turn's processed tokens and prompt seconds. `--last-only` sends the last request alone
+to a fresh server (after the warm-up): the whole conversation processed at once, prompt speed at that length:
+
+    python benchmarks/compare/session_replay.py --target T.gguf --server llamaspec,llama-server \
+        --llama-server BIN/llama-server --sessions agent-64k --target-tokens 16000 --last-only
 
 Servers (--server, run in the order given), each at its documented multi-turn settings for hybrid models plus what
 the case needs; the same context (-c), KV type (-ctk/-ctv), flash attention, one slot (-np 1), draft length (--k)
@@ -235,19 +240,25 @@ class Run:
         t = self.turns
         predicted = sum(x.completion_tokens / x.decode_tps for x in t if x.decode_tps > 0)
         goal = [x.within_goal for x in t if x.within_goal is not None]
+        timed = [x for x in t if x.processed > 0 and x.prompt_s > 0]
+        prompt_s = sum(x.prompt_s for x in timed)
         return {"wall_s": self.wall_s, "mean_ttft_s": sum(x.ttft_s for x in t) / len(t) if t else 0.0,
+                "prompt_tps": sum(x.processed for x in timed) / prompt_s if prompt_s else 0.0,
                 "processed": sum(x.processed for x in t), "reused": sum(x.reused for x in t),
                 "decode_tps": sum(x.completion_tokens for x in t) / predicted if predicted else 0.0,
                 "turns": len(t), "turns_within_goal": f"{sum(goal)}/{len(goal)}" if goal else "-"}
 
 
 def replay(port: int, session: sessions.Session, sampling: str, max_tokens: int, timeout: float,
-           answer_tokens: list, max_turns: int | None = None, on_turn=None) -> tuple[list[Turn], float]:
-    """The session's requests in order on a started server: its Turns and the wall seconds."""
+           answer_tokens: list, max_turns: int | None = None, on_turn=None,
+           last_only: bool = False) -> tuple[list[Turn], float]:
+    """The session's requests in order on a started server: its Turns and the wall seconds. `last_only`: only
+    the last request (of the first `max_turns`), on a server that holds at most the warm-up's first tokens: a
+    prompt processed whole."""
     turns: list[Turn] = []
     n = len(session.requests) if max_turns is None else min(max_turns, len(session.requests))
     t0 = time.perf_counter()
-    for i in range(n):
+    for i in ([n - 1] if last_only else range(n)):
         body = {"model": "session-replay", "messages": session.request_messages(i), "tools": list(session.tools),
                 "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
                 **SAMPLING[sampling]}
@@ -353,6 +364,7 @@ def run_all(a, setup: Setup, session_list: list, log_dir: Path, progress=print) 
                         warm_up(port, a.timeout)
                         run.turns, run.wall_s = replay(
                             port, session, sampling, a.max_tokens, a.timeout, lengths[session.name], a.max_turns,
+                            last_only=a.last_only,
                             on_turn=lambda t: progress(f"  turn {t.turn}: prompt {t.prompt_tokens}, processed "
                                                        f"{t.processed}, TTFT {t.ttft_s:.2f} s"))
                     except ReplayError as e:
@@ -408,25 +420,27 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
     for run in runs:
         lines += [f"## {LABELS[run.server]}: {run.session}, {run.sampling}", "", f"    {run.cmd}", "",
                   *turn_table(run), ""]
-    lines += ["## Summary", "", "| server | session | sampling | wall s | mean TTFT s | processed | reused | "
-              "decode tok/s | turns within goal |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["## Summary", "", "Prompt tok/s: the tokens processed over the server's prompt seconds, every turn "
+              "together.", "", "| server | session | sampling | wall s | mean TTFT s | processed | reused | "
+              "prompt tok/s | decode tok/s | turns within goal |", "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         s = run.summary()
         lines.append(f"| {LABELS[run.server]} | {run.session} | {run.sampling} | {s['wall_s']:.2f} | "
-                     f"{s['mean_ttft_s']:.3f} | {s['processed']} | {s['reused']} | {s['decode_tps']:.2f} | "
-                     f"{s['turns_within_goal']} |")
+                     f"{s['mean_ttft_s']:.3f} | {s['processed']} | {s['reused']} | {s['prompt_tps']:.1f} | "
+                     f"{s['decode_tps']:.2f} | {s['turns_within_goal']} |")
     ours = {(r.session, r.sampling): r.summary() for r in runs if r.server == "llamaspec"}
     peer_runs = [r for r in runs if r.server != "llamaspec" and (r.session, r.sampling) in ours]
     if peer_runs:
         lines += ["", "## llamaspec / each peer", "", "Wall time and TTFT: peer's / llamaspec's (above 1: llamaspec "
                   "faster); processed: llamaspec's / peer's (below 1: llamaspec processes less); decode: llamaspec's "
-                  "/ peer's.", "", "| peer | session | sampling | wall | TTFT | processed | decode |",
-                  "|---|---|---|---|---|---|---|"]
+                  "/ peer's; prompt: llamaspec's prompt tok/s / peer's.", "",
+                  "| peer | session | sampling | wall | TTFT | processed | prompt | decode |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in peer_runs:
             o, p = ours[(r.session, r.sampling)], r.summary()
             lines.append(f"| {LABELS[r.server]} | {r.session} | {r.sampling} | {ratio(p['wall_s'], o['wall_s'])} | "
                          f"{ratio(p['mean_ttft_s'], o['mean_ttft_s'])} | {ratio(o['processed'], p['processed'])} | "
-                         f"{ratio(o['decode_tps'], p['decode_tps'])} |")
+                         f"{ratio(o['prompt_tps'], p['prompt_tps'])} | {ratio(o['decode_tps'], p['decode_tps'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -466,6 +480,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target-tokens", type=int, help="each session's target size in tokens (overrides --scale)")
     p.add_argument("--turns", type=int, help="turns per session (default: one per 3000 tokens, 3 to 20)")
     p.add_argument("--max-turns", type=int, help="replay at most this many turns of each session")
+    p.add_argument("--last-only", action="store_true",
+                   help="send only the last request (of --max-turns) to a fresh server (the warm-up only): "
+                        "prompt processing of the whole conversation (with --target-tokens 16000, 64000: prompt speed at "
+                        "that length)")
     p.add_argument("--sampling", type=names(tuple(SAMPLING)), default=["greedy"], help="greedy,qwen")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--ctx", type=int, help="context size (default: the largest session + max-tokens, +25%%)")

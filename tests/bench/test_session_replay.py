@@ -176,3 +176,19 @@ def test_a_real_replay_reuses_the_cache_on_every_later_turn(real_models, tmp_pat
     assert all(t["reused"] + t["processed"] == t["prompt_tokens"] for t in turns)
     assert all(t["completion_tokens"] > 0 and t["decode_tps"] > 0 for t in turns)
     assert "## llamaspec serve: agent-32k, greedy" in out.read_text()
+
+
+def test_last_only_sends_the_whole_conversation_once_and_reports_prompt_speed(fake_server, tmp_path):
+    args, log = fake_server
+    out = tmp_path / "report.md"
+    assert replay.main(args + ["--sessions", "agent-32k", "--last-only", "--out", str(out)]) == 0
+    session = sessions.build("agent-32k", target_tokens=2000)
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    sent = [body for body in sent if body["messages"][0]["role"] == "system"]    # not the warm-up
+    assert len(sent) == 1 and sent[0]["messages"] == session.request_messages(len(session.requests) - 1)
+    run = json.loads(out.with_suffix(".json").read_text())["runs"][0]
+    (turn,) = run["turns"]
+    assert turn["turn"] == len(session.requests) - 1 and turn["growth"] is None
+    assert turn["reused"] < 10 and turn["processed"] + turn["reused"] == turn["prompt_tokens"]  # the warm-up's start
+    assert run["summary"]["prompt_tps"] == pytest.approx(turn["processed"] / turn["prompt_s"])
+    assert "prompt tok/s" in out.read_text()
