@@ -26,8 +26,9 @@ prompt_tokens; ik_llama.cpp has no cache_n, usage's prompt_tokens_details.cached
   goal: re-processed <= it; counted with the target's tokenizer on the answer as Qwen's template renders it, else
   estimated from its characters, marked ~);
 - TTFT: the client's clock, from sending the request to the first chunk with content, reasoning or a tool call
-  (llamaspec streams a tool call whole when it ends, llama.cpp piece by piece, so on a reply that opens with a
-  tool call TTFT is later on llamaspec: the server's prompt seconds, prompt_ms, are shown beside it);
+  (a Hermes-style tool call's first delta, its id and name, comes as soon as the name is complete on both;
+  llama.cpp then streams the arguments piece by piece, llamaspec whole at the call's end; the server's prompt
+  seconds, prompt_ms, are shown beside it);
 - decode tok/s: the server's predicted_per_second (llama.cpp counts predicted_n - 1 steps over predicted_ms,
   llamaspec predicted_n), else predicted_n / predicted_ms, else the client's clock from the first content.
 Per session: wall seconds from the first request to the last answer (the server's load and a warm-up excluded),

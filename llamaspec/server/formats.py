@@ -189,6 +189,10 @@ class EventStream(Response):
                 if text or logprobs:
                     await send(self._body(fmt.chunk(text, logprobs=logprobs, **usage_field)))
                     logprobs = [] if logprobs is not None else None
+                opened = tools.announce() if tools is not None else ()   # id and name now, arguments at its end
+                if opened:
+                    await send(self._body(fmt.chunk(None, tool_calls=[c.to_dict(i) for i, c in opened],
+                                                    **usage_field)))
             elif kind == "reasoning":
                 await send(self._body(fmt.chunk(None, reasoning=value, **usage_field)))
             elif kind == "done":
@@ -198,10 +202,14 @@ class EventStream(Response):
                     if text or logprobs:
                         await send(self._body(fmt.chunk(text, logprobs=logprobs, **usage_field)))
                         logprobs = [] if logprobs is not None else None
-                    if calls:   # each call whole in one delta (OpenAI's clients accumulate either way)
+                    if calls:   # an announced call's arguments, the others whole (OpenAI's clients accumulate)
                         finish = "tool_calls"
-                        await send(self._body(fmt.chunk(None, tool_calls=[c.to_dict(i) for i, c in enumerate(calls)],
-                                                        **usage_field)))
+                        n = len(tools.opened)
+                        deltas = [{"index": i, "function": {"arguments": c.arguments}} for i, c in
+                                  enumerate(calls[:n]) if c.arguments] + [c.to_dict(n + i) for i, c in
+                                                                          enumerate(calls[n:])]
+                        if deltas:
+                            await send(self._body(fmt.chunk(None, tool_calls=deltas, **usage_field)))
                 await send(self._body(fmt.chunk(None, finish, logprobs=logprobs or None, timings=timings(value),
                                                 llamaspec=value.to_dict(), **usage_field)))
                 if req.include_usage:

@@ -198,13 +198,32 @@ def parse_tool_calls(text: str, family: str) -> tuple[str, list[ToolCall]]:
     return text, []
 
 
+_OPENING = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.\-]{1,64})"\s*[,}]')
+
+
 class ToolStream:
     """Splits a streamed reply into content to send at once and a tail held back because it may be a tool call;
-    `finish` parses what was held."""
+    `finish` parses what was held. A Hermes-style call is announced as soon as its name is complete (`announce`:
+    its id and name, the arguments still to come), so a reply that opens with a call has its first delta after a
+    few tokens, as llama-server streams it; its arguments follow whole when the call ends (`finish`)."""
 
     def __init__(self, family: str):
         self.family, self.text, self.sent = family, "", 0
         self.marker = "<tool_call>" if family == "hermes" else "```tool_code" if family == "gemma" else None
+        self.opened: list[ToolCall] = []   # announced calls, in order; their arguments are set by finish
+        self._scan = 0                     # where the next call's opening may start
+
+    def announce(self) -> list[tuple[int, ToolCall]]:
+        """(index, call) of the calls whose name became complete since the last call (Hermes syntax only)."""
+        new = []
+        while self.family == "hermes":
+            found = _OPENING.search(self.text, self._scan)
+            if found is None:
+                break
+            self._scan = found.end()
+            new.append((len(self.opened), ToolCall(found.group(1), "")))
+            self.opened.append(new[-1][1])
+        return new
 
     def push(self, piece: str) -> str:
         self.text += piece
@@ -227,7 +246,18 @@ class ToolStream:
         return len(self.text)
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, the calls)."""
+        """(content not sent yet, the calls). The announced calls come first, in order, with their arguments (a
+        call announced but never closed or not JSON keeps empty arguments: the client's parse then fails, as the
+        model's call did), then the calls not announced."""
+        if self.opened:
+            blocks = [_json_call(b) for b in _HERMES.findall(self.text)]
+            for call, got in zip(self.opened, blocks):
+                call.arguments = got.arguments if got is not None and got.name == call.name else ""
+            calls = self.opened + [c for c in blocks[len(self.opened):] if c is not None]
+            rest = _HERMES.sub("", self.text)
+            cut = rest.find(self.marker)   # a call cut short: announced, not content
+            content = (rest if cut < 0 else rest[:cut]).strip()
+            return content[self.sent:] if content.startswith(self.text[:self.sent]) else "", calls
         content, calls = parse_tool_calls(self.text, self.family)
         if not calls:
             return self.text[self.sent:], []

@@ -218,3 +218,77 @@ def test_metrics_carry_llama_cpps_speculative_counters():
     # position i: drafts with more than i accepted (lengths 0,0,1,3,3,4)
     for position, n in enumerate([4, 3, 3, 1]):
         assert f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position="{position}"}} {n:.1f}' in text
+
+
+def test_a_streamed_hermes_call_is_announced_once_its_name_is_complete_and_its_arguments_follow_at_its_end():
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    stream, sent, announced = ToolStream("hermes"), "", []
+    for i in range(0, len(call), 2):
+        sent += stream.push(call[i:i + 2])
+        got = stream.announce()
+        announced += [(i, index, c.name) for index, c in got]
+    (at, index, name), = announced
+    assert (index, name) == (0, "get_weather") and call.index('"get_weather"') < at < call.index('"arguments": {')
+    rest, calls = stream.finish()
+    assert sent == "" and rest == "" and calls == stream.opened and calls[0].id == stream.opened[0].id
+    assert json.loads(calls[0].arguments) == {"city": "Oslo"}
+
+
+def test_announced_calls_pair_with_their_blocks_and_a_cut_one_keeps_empty_arguments():
+    text = ('Two calls. <tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {"y": ')
+    stream = ToolStream("hermes")
+    sent = stream.push(text)
+    assert [(i, c.name) for i, c in stream.announce()] == [(0, "a"), (1, "b")] and stream.announce() == []
+    rest, calls = stream.finish()
+    assert (sent + rest).strip() == "Two calls." and [(c.name, c.arguments) for c in calls] == [("a", '{"x": 1}'),
+                                                                                                ("b", "")]
+    late = ToolStream("hermes")   # "arguments" before "name": not announced, parsed whole at the end
+    late.push('<tool_call>\n{"arguments": {"x": 1}, "name": "a"}\n</tool_call>')
+    assert late.announce() == [] and [c.name for c in late.finish()[1]] == ["a"]
+
+
+def test_the_event_stream_sends_a_calls_name_before_its_arguments_are_generated():
+    """EventStream over a scripted job: the delta with the call's id and name goes out right after the piece that
+    completes the name, before the rest of the call is generated; the arguments follow under the same index."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from llamaspec.server.formats import EventStream
+
+    pieces = ['Checking.\n<tool_call>\n{"name": "get_wea', 'ther", "argu', 'ments": {"city": ', '"Oslo"}}\n</tool_call>']
+
+    async def run():
+        events = asyncio.Queue()
+        job = SimpleNamespace(events=events, request=SimpleNamespace(include_usage=False, prompt_field="messages",
+                                                                     extras=SimpleNamespace(top_logprobs=None)))
+        sent, seen_pieces = [], []
+
+        async def send(message):
+            body = message.get("body", b"").decode()
+            for line in body.splitlines():
+                if line.startswith("data: ") and line[6:] != "[DONE]":
+                    sent.append((len(seen_pieces), json.loads(line[6:])))
+
+        async def feed():
+            for piece in pieces:
+                seen_pieces.append(piece)
+                await events.put(("text", piece))
+                await asyncio.sleep(0.01)
+            await events.put(("done", GenerationStats(finish_reason="stop", tokens_generated=20, prompt_tokens=3)))
+
+        never = asyncio.ensure_future(asyncio.sleep(30))
+        stream = EventStream(job, ResponseFormat(True, "m", "hermes"), never, lambda: None)
+        await asyncio.gather(stream._pump(send), feed())
+        never.cancel()
+        return sent
+
+    sent = asyncio.run(run())
+    calls = [(n, d["choices"][0]["delta"]["tool_calls"]) for n, d in sent
+             if d["choices"] and d["choices"][0]["delta"].get("tool_calls")]
+    (n_first, first), (n_last, last) = calls
+    assert n_first == 2 and first == [{"index": 0, "id": first[0]["id"], "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}]
+    assert n_last == len(pieces) and last == [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]
+    text = "".join(d["choices"][0]["delta"].get("content") or "" for _, d in sent if d["choices"])
+    assert text.strip() == "Checking." and sent[-1][1]["choices"][0]["finish_reason"] == "tool_calls"
