@@ -115,6 +115,8 @@ class Setup:
 def llamaspec_cmd(launcher: list[str], setup: Setup, port: int, extra: list[str]) -> list[str]:
     drafting = {"mtp": ["--drafter", "mtp"], "draft": ["--drafter", "model"], "lookup": ["--drafter", "lookup"],
                 "none": ["--no-draft"]}[setup.drafter]
+    if any(f in ("--drafter", "--no-draft") or f.startswith("--drafter=") for f in extra):
+        drafting = []   # the extra flags choose the drafter (e.g. lookup+mtp): one --drafter in the command
     k = ["--draft-max", str(setup.k)] if setup.drafter not in ("none", "lookup") else []   # lookup: its default
     return [*launcher, "serve", *setup.common(), *drafting, *k, "--host", "127.0.0.1", "--port", str(port), *extra]
 
@@ -155,7 +157,8 @@ class Turn:
     drafted: int = 0
     accepted: int = 0
     growth: int | None = None          # prompt tokens - the previous turn's
-    reprocessed: int | None = None     # processed - growth
+    floor: int | None = None           # what the chat template made new (template_floors); None: not known
+    reprocessed: int | None = None     # processed - floor (else processed - growth)
     last_answer_tokens: int | None = None
     last_answer_estimated: bool = False
 
@@ -252,7 +255,7 @@ class Run:
 
 def replay(port: int, session: sessions.Session, sampling: str, max_tokens: int, timeout: float,
            answer_tokens: list, max_turns: int | None = None, on_turn=None,
-           last_only: bool = False) -> tuple[list[Turn], float]:
+           last_only: bool = False, floors: list | None = None) -> tuple[list[Turn], float]:
     """The session's requests in order on a started server: its Turns and the wall seconds. `last_only`: only
     the last request (of the first `max_turns`), on a server that holds at most the warm-up's first tokens: a
     prompt processed whole."""
@@ -269,13 +272,55 @@ def replay(port: int, session: sessions.Session, sampling: str, max_tokens: int,
             raise ReplayError(f"turn {i} of {n}: {e}") from None
         turn = Turn(i, **figures)
         if turns:
-            turn.growth = turn.prompt_tokens - turns[-1].prompt_tokens
-            turn.reprocessed = turn.processed - turn.growth
-            turn.last_answer_tokens, turn.last_answer_estimated = answer_tokens[i - 1]
+            derive(turn, turns[-1], answer_tokens[i - 1], floors[i] if floors else None)
         turns.append(turn)
         if on_turn:
             on_turn(turn)
     return turns, time.perf_counter() - t0
+
+
+def derive(turn: Turn, before: Turn, answer: tuple[int, bool], floor: int | None) -> None:
+    """A later turn's figures against the one before: growth, the template's floor and what was processed again."""
+    turn.growth = turn.prompt_tokens - before.prompt_tokens
+    turn.floor = floor
+    turn.reprocessed = turn.processed - (turn.growth if floor is None else floor)
+    turn.last_answer_tokens, turn.last_answer_estimated = answer
+
+
+def template_floors(session: sessions.Session, vocab_model: str, template_source: str | None = None) -> list:
+    """Per request, the tokens the chat template makes new: the prompt's tokens past its longest common prefix with
+    the previous request's prompt, both rendered as `serve` renders them (the tools, the messages as the server
+    parses them) and tokenized with `vocab_model`'s vocabulary. A cache can keep no more than that prefix, so
+    processing the rest is forced. Usually the prompt's growth; on the turn after a new user message Qwen's template
+    drops the thinking of every answer since the previous one, and the prompt differs from where the first of those
+    answers began. The first request, and every one where the template or the vocabulary does not load: None."""
+    from llamaspec.chat_template import ChatTemplate, ChatTemplateError
+    from llamaspec.errors import LlamaspecError
+    from llamaspec.gguf.reader import read_model_info
+    from llamaspec.server.apierror import APIError
+    from llamaspec.server.validation import parse_chat
+
+    none = [None] * len(session.requests)
+    try:
+        template = ChatTemplate.from_model_info(read_model_info(vocab_model)) if template_source is None else \
+            ChatTemplate(template_source)
+        texts = [template.render(parse_chat({"messages": session.request_messages(i)}).prompt,
+                                 tools=list(session.tools)) for i in range(len(session.requests))]
+    except (ChatTemplateError, LlamaspecError, APIError, OSError, ValueError):
+        return none
+    prompts = tokenize_texts(vocab_model, texts)
+    if prompts is None:
+        return none
+    return [None] + [len(now) - common_prefix(before, now) for before, now in zip(prompts, prompts[1:])]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def rendered_answer(message: dict) -> str:
@@ -301,6 +346,13 @@ def answer_lengths(session: sessions.Session, target: str) -> list[tuple[int, bo
 def count_tokens(model_path: str, texts: list[str]) -> list[int] | None:
     """Token counts of `texts` (special tokens parsed, no BOS) with a GGUF's vocabulary, or None where it does not
     load."""
+    tokens = tokenize_texts(model_path, texts)
+    return None if tokens is None else [len(t) for t in tokens]
+
+
+def tokenize_texts(model_path: str, texts: list[str]) -> list[list[int]] | None:
+    """`texts` as tokens (special tokens parsed, no BOS) with a GGUF's vocabulary, or None where it does not
+    load."""
     try:
         import llama_cpp
     except ImportError:
@@ -314,13 +366,14 @@ def count_tokens(model_path: str, texts: list[str]) -> list[int] | None:
         return None
     try:
         vocab = llama_cpp.llama_model_get_vocab(model)
-        counts = []
+        out = []
         for text in texts:
             data = text.encode()
             n_max = len(data) + 16
             buf = (llama_cpp.llama_token * n_max)()
-            counts.append(int(llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, False, True)))
-        return counts
+            n = int(llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, False, True))
+            out.append(list(buf[:n]))
+        return out
     finally:
         llama_cpp.llama_model_free(model)
 
@@ -347,6 +400,7 @@ def run_all(a, setup: Setup, session_list: list, log_dir: Path, progress=print) 
     """Every server x session x sampling, a fresh server for each; stops at the first error (ReplayError)."""
     runs = []
     lengths = {s.name: answer_lengths(s, setup.target) for s in session_list}
+    floors = {s.name: template_floors(s, setup.target) for s in session_list}
     for name in a.server:
         for session in session_list:
             for sampling in a.sampling:
@@ -365,7 +419,7 @@ def run_all(a, setup: Setup, session_list: list, log_dir: Path, progress=print) 
                         warm_up(port, a.timeout)
                         run.turns, run.wall_s = replay(
                             port, session, sampling, a.max_tokens, a.timeout, lengths[session.name], a.max_turns,
-                            last_only=a.last_only,
+                            last_only=a.last_only, floors=floors[session.name],
                             on_turn=lambda t: progress(f"  turn {t.turn}: prompt {t.prompt_tokens}, processed "
                                                        f"{t.processed}, TTFT {t.ttft_s:.2f} s"))
                     except ReplayError as e:
@@ -386,15 +440,17 @@ def log_tail(path: Path, n: int = 15) -> str:
 # The report
 # ---------------------------------------------------------------------------------------------------------------
 def turn_table(run: Run) -> list[str]:
-    lines = ["| turn | prompt tokens | processed | reused | re-processed | last answer | within | TTFT s | "
-             "prompt s | decode tok/s | tokens |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| turn | prompt tokens | processed | reused | template floor | re-processed | last answer | within | "
+             "TTFT s | prompt s | decode tok/s | tokens |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in run.turns:
         answer = "" if t.last_answer_tokens is None else \
             f"{'~' if t.last_answer_estimated else ''}{t.last_answer_tokens}"
         within = {True: "yes", False: "**no**", None: ""}[t.within_goal]
         again = "" if t.reprocessed is None else str(t.reprocessed)
         tps = f"{t.decode_tps:.2f}" + ("" if t.decode_from == "server" else " (client)")
-        lines.append(f"| {t.turn} | {t.prompt_tokens} | {t.processed} | {t.reused} | {again} | {answer} | {within} | "
+        floor = "" if t.floor is None else str(t.floor)
+        lines.append(f"| {t.turn} | {t.prompt_tokens} | {t.processed} | {t.reused} | {floor} | {again} | {answer} | "
+                     f"{within} | "
                      f"{t.ttft_s:.3f} | {t.prompt_s:.3f} | {tps} | {t.completion_tokens} |")
     return lines
 
@@ -403,7 +459,8 @@ def ratio(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.2f}x" if ours and theirs else "-"
 
 
-def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str]) -> str:
+def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str],
+           note: str = "") -> str:
     files = [setup.target] + ([setup.draft] if setup.draft and setup.drafter == "draft" else [])
     sizes = ", ".join(f"{Path(f).name} ({Path(f).stat().st_size / 2**20:.0f} MiB)" if Path(f).is_file()
                       else Path(f).name for f in files)
@@ -415,9 +472,13 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
              f"max_tokens {a.max_tokens} per turn.", "",
              "Sessions: " + "; ".join(f"{s.name} ({len(s.requests)} turns, ~{s.approx_tokens} tokens, digest "
                                       f"{s.digest})" for s in session_list) + ".", "",
-             "Re-processed: tokens processed minus the prompt's growth since the previous turn; the goal is "
-             "re-processed <= the previous scripted answer's length (last answer; ~ estimated from characters).", "",
-             f"    python {shlex.join(argv)}", ""]
+             "Template floor: the prompt's tokens past its common prefix with the previous request's, both rendered "
+             "with the chat template and tokenized (what the template made new; no cache can keep more). It is the "
+             "prompt's growth except after a new user message, where Qwen's template drops the thinking of the "
+             "answers since the previous one. Re-processed: tokens processed minus the floor (minus the growth where "
+             "the floor is not known); the goal is re-processed <= the previous scripted answer's length (last "
+             "answer; ~ estimated from characters).", "", f"    python {shlex.join(argv)}", "",
+             *([note, ""] if note else [])]
     for run in runs:
         lines += [f"## {LABELS[run.server]}: {run.session}, {run.sampling}", "", f"    {run.cmd}", "",
                   *turn_table(run), ""]
@@ -503,12 +564,60 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds a request may wait for the server's next byte (the first: its prefill) [900]")
     p.add_argument("--start-timeout", type=float, default=900, help="seconds for a server to load [900]")
     p.add_argument("--out", help="the markdown report; the JSON dump goes beside it (.json)")
+    p.add_argument("--report-from", metavar="JSON",
+                   help="no servers: write the report again from a run's JSON dump, the sessions rebuilt from its "
+                        "command line (their digests checked), answer lengths and template floors counted with "
+                        "--target's vocabulary (a vocab-only GGUF will do) and --chat-template")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="with --report-from: the chat template the servers rendered (default: --target's own)")
     return p
+
+
+def report_again(a, argv: list[str]) -> int:
+    """--report-from: the report of a recorded run, with today's derived figures (floors, re-processed)."""
+    try:
+        data = json.loads(Path(a.report_from).read_text())
+        old = parser().parse_args(data["argv"])
+        template = Path(a.chat_template).read_text() if a.chat_template else None
+    except (OSError, ValueError, KeyError) as e:
+        print(f"session replay: cannot read {a.report_from}: {e}", file=sys.stderr)
+        return 1
+    session_list = [sessions.build(n, old.scale, old.target_tokens, old.turns) for n in old.sessions]
+    recorded = {s["name"]: s["digest"] for s in data["sessions"]}
+    changed = [s.name for s in session_list if recorded.get(s.name) != s.digest]
+    if changed:
+        print(f"session replay: the sessions changed since {a.report_from} was recorded ({', '.join(changed)}: "
+              "other digests); re-run it instead", file=sys.stderr)
+        return 1
+    lengths = {s.name: answer_lengths(s, a.target) for s in session_list}
+    floors = {s.name: template_floors(s, a.target, template) for s in session_list}
+    fields = {f for f in Turn.__dataclass_fields__ if f not in ("growth", "floor", "reprocessed",
+                                                                "last_answer_tokens", "last_answer_estimated")}
+    runs = []
+    for r in data["runs"]:
+        turns = [Turn(**{k: v for k, v in t.items() if k in fields}) for t in r["turns"]]
+        for before, now in zip(turns, turns[1:]):
+            derive(now, before, lengths[r["session"]][now.turn - 1], floors[r["session"]][now.turn])
+        runs.append(Run(r["server"], r["session"], r["sampling"], r["cmd"], r["digest"], r["summary"]["wall_s"],
+                        turns))
+    setup = Setup(**data["setup"])
+    argv_then = ["benchmarks/compare/session_replay.py", *data["argv"]]
+    note = (f"Re-reported from {Path(a.report_from).name} (no server run again): `python "
+            f"{shlex.join(['benchmarks/compare/session_replay.py', *argv])}`.")
+    text = report(old, setup, session_list, runs, data["hardware"], argv_then, note)
+    print(text, end="")
+    if a.out:
+        Path(a.out).write_text(text)
+        Path(a.out).with_suffix(".json").write_text(json.dumps(
+            dump(setup, session_list, runs, data["hardware"], data["argv"]), indent=1) + "\n")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parser().parse_args(argv)
+    if a.report_from:
+        return report_again(a, argv)
     drafter = a.drafter or ("draft" if a.draft else "mtp")
     if drafter == "draft" and not a.draft:
         parser().error("--drafter draft needs --draft FILE")

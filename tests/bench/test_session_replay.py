@@ -4,14 +4,20 @@ ending the run with the turn and the log), and one real replay against `llamaspe
 import json
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.compare import session_replay as replay
 from benchmarks.compare import sessions
+from support.gguf_factory import find_vocab_file
 from support.paths import SUPPORT
 
+from llamaspec.chat_template import ChatTemplate
+from llamaspec.server.validation import parse_chat
+
 REAL_MODEL = "qwen2.5-coder-0.5b-instruct.gguf"
+QWEN_TEMPLATE = Path(replay.__file__).parents[1] / "synthetic" / "templates" / "Qwen3.5-4B.jinja"
 
 
 # -- the sessions ------------------------------------------------------------------------------------------------
@@ -85,6 +91,13 @@ def test_every_server_gets_the_same_context_kv_slot_and_draft_length():
     assert "draft:n_max=3,p_min=0.0" in replay.ik_server_cmd("ik", pair, 1, [])
 
 
+def test_a_drafter_in_the_extra_flags_replaces_the_default_one():
+    ours = replay.llamaspec_cmd(["llamaspec"], SETUP, 1, ["--drafter", "lookup+mtp"])
+    assert ours.count("--drafter") == 1 and ours[ours.index("--drafter") + 1] == "lookup+mtp"
+    assert ours[ours.index("--draft-max") + 1] == "3"
+    assert "--drafter" not in replay.llamaspec_cmd(["llamaspec"], SETUP, 1, ["--no-draft"])
+
+
 def test_prompt_lookup_runs_as_the_same_kind_on_both_sides_at_their_default_lengths():
     lookup = replay.Setup("T.gguf", None, "lookup", k=3)
     ours = replay.llamaspec_cmd(["llamaspec"], lookup, 1, [])
@@ -93,6 +106,42 @@ def test_prompt_lookup_runs_as_the_same_kind_on_both_sides_at_their_default_leng
     assert server[server.index("--spec-type") + 1] == "ngram-simple" and "--spec-draft-n-max" not in server
     with pytest.raises(replay.ReplayError, match="lookup"):
         replay.ik_server_cmd("ik", lookup, 1, [])
+
+
+# -- the template's floor: what a re-rendered prompt makes new -------------------------------------------------------
+@pytest.fixture(scope="module")
+def qwen35_vocab():
+    found = find_vocab_file("ggml-vocab-qwen35.gguf")
+    if found is None:
+        pytest.skip("llama.cpp's ggml-vocab-qwen35.gguf unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC)")
+    return str(found)
+
+
+def test_the_floor_is_the_growth_until_a_new_user_message_drops_the_earlier_answers_thinking(qwen35_vocab):
+    session = sessions.build("agent-64k", target_tokens=8000, turns=8)
+    floors = replay.template_floors(session, qwen35_vocab, QWEN_TEMPLATE.read_text())
+    template = ChatTemplate(QWEN_TEMPLATE.read_text())
+    texts = [template.render(parse_chat({"messages": session.request_messages(i)}).prompt, tools=list(session.tools))
+             for i in range(len(session.requests))]
+    lengths = replay.count_tokens(qwen35_vocab, texts)
+    n = len(session.requests)
+    after_user = [i for i in range(1, n)
+                  if any(m["role"] == "user" for m in session.messages[session.requests[i - 1]:session.requests[i]])]
+    assert floors[0] is None and after_user and n > after_user[0] + 1
+    for i in range(1, n):
+        growth = lengths[i] - lengths[i - 1]
+        if i in after_user:   # the answers since the previous user message are rendered without their thinking:
+            # the prompt differs from where the first of them began, several requests back
+            assert floors[i] > growth + 100 and floors[i] > lengths[i] - lengths[after_user[0] - 2]
+        else:
+            assert 0 <= floors[i] - growth <= 2, (i, floors[i], growth)
+
+
+def test_without_a_template_or_vocabulary_the_floor_is_unknown(tmp_path):
+    session = sessions.build("edit-32k", target_tokens=2000)
+    fake = tmp_path / "T.gguf"
+    fake.write_bytes(b"not a model")
+    assert replay.template_floors(session, str(fake)) == [None] * len(session.requests)
 
 
 # -- against a fake llama-server ------------------------------------------------------------------------------------
@@ -192,3 +241,21 @@ def test_last_only_sends_the_whole_conversation_once_and_reports_prompt_speed(fa
     assert turn["reused"] < 10 and turn["processed"] + turn["reused"] == turn["prompt_tokens"]  # the warm-up's start
     assert run["summary"]["prompt_tps"] == pytest.approx(turn["processed"] / turn["prompt_s"])
     assert "prompt tok/s" in out.read_text()
+
+
+def test_a_recorded_run_is_reported_again_with_the_same_figures(fake_server, tmp_path):
+    args, _ = fake_server
+    first = tmp_path / "first.md"
+    assert replay.main(args + ["--sessions", "edit-32k", "--out", str(first)]) == 0
+    again = tmp_path / "again.md"
+    target = args[args.index("--target") + 1]
+    assert replay.main(["--report-from", str(first.with_suffix(".json")), "--target", target,
+                        "--out", str(again)]) == 0
+    old, new = (json.loads(p.with_suffix(".json").read_text()) for p in (first, again))
+    assert new["runs"][0]["turns"] == old["runs"][0]["turns"] and new["argv"] == old["argv"]
+    assert new["runs"][0]["summary"] == old["runs"][0]["summary"]
+    assert "Re-reported from first.json" in again.read_text()
+    recorded = json.loads(first.with_suffix(".json").read_text())
+    recorded["sessions"][0]["digest"] = "0" * 12                 # the sessions have changed since
+    first.with_suffix(".json").write_text(json.dumps(recorded))
+    assert replay.main(["--report-from", str(first.with_suffix(".json")), "--target", target]) == 1
