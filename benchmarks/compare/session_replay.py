@@ -355,13 +355,16 @@ def tokenize_texts(model_path: str, texts: list[str]) -> list[list[int]] | None:
     load."""
     try:
         import llama_cpp
+
+        from llamaspec.backend.native import init_backend, native_log
     except ImportError:
         return None
-    llama_cpp.llama_backend_init()
+    init_backend()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params) if Path(model_path).is_file() \
-        else None
+    with native_log():   # llama.cpp's loader lines kept off the terminal
+        model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), params) \
+            if Path(model_path).is_file() else None
     if not model:
         return None
     try:
