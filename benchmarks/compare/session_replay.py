@@ -57,7 +57,9 @@ SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
+import io
 import json
 import math
 import shlex
@@ -295,6 +297,7 @@ def template_floors(session: sessions.Session, vocab_model: str, template_source
     drops the thinking of every answer since the previous one, and the prompt differs from where the first of those
     answers began. The first request, and every one where the template or the vocabulary does not load: None."""
     from llamaspec.chat_template import ChatTemplate, ChatTemplateError
+    from llamaspec.drafters import common_prefix_len
     from llamaspec.errors import LlamaspecError
     from llamaspec.gguf.reader import read_model_info
     from llamaspec.server.apierror import APIError
@@ -311,16 +314,7 @@ def template_floors(session: sessions.Session, vocab_model: str, template_source
     prompts = tokenize_texts(vocab_model, texts)
     if prompts is None:
         return none
-    return [None] + [len(now) - common_prefix(before, now) for before, now in zip(prompts, prompts[1:])]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return [None] + [len(now) - common_prefix_len(before, now) for before, now in zip(prompts, prompts[1:])]
 
 
 def rendered_answer(message: dict) -> str:
@@ -578,15 +572,31 @@ def parser() -> argparse.ArgumentParser:
 
 def report_again(a, argv: list[str]) -> int:
     """--report-from: the report of a recorded run, with today's derived figures (floors, re-processed)."""
+    from llamaspec.chat_template import ChatTemplate, ChatTemplateError
+
     try:
         data = json.loads(Path(a.report_from).read_text())
-        old = parser().parse_args(data["argv"])
-        template = Path(a.chat_template).read_text() if a.chat_template else None
-    except (OSError, ValueError, KeyError) as e:
+        if not isinstance(data, dict) or not {"argv", "setup", "sessions", "runs", "hardware"} <= data.keys():
+            raise ValueError("not a session replay's JSON dump (argv, setup, sessions, runs, hardware)")
+        with contextlib.redirect_stderr(io.StringIO()):   # argparse's usage text: the one line below says it
+            old = parser().parse_args(data["argv"])
+        setup = Setup(**data["setup"])
+        recorded = {s["name"]: s["digest"] for s in data["sessions"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"session replay: cannot read {a.report_from}: {e}", file=sys.stderr)
         return 1
+    except SystemExit:   # argparse has said what is wrong with the recorded command line
+        print(f"session replay: {a.report_from} holds a command line this script does not take", file=sys.stderr)
+        return 1
+    template = None
+    if a.chat_template:
+        try:
+            template = Path(a.chat_template).read_text()
+            ChatTemplate(template)
+        except (OSError, UnicodeDecodeError, ChatTemplateError) as e:
+            print(f"session replay: --chat-template {a.chat_template}: {e}", file=sys.stderr)
+            return 1
     session_list = [sessions.build(n, old.scale, old.target_tokens, old.turns) for n in old.sessions]
-    recorded = {s["name"]: s["digest"] for s in data["sessions"]}
     changed = [s.name for s in session_list if recorded.get(s.name) != s.digest]
     if changed:
         print(f"session replay: the sessions changed since {a.report_from} was recorded ({', '.join(changed)}: "
@@ -597,13 +607,17 @@ def report_again(a, argv: list[str]) -> int:
     fields = {f for f in Turn.__dataclass_fields__ if f not in ("growth", "floor", "reprocessed",
                                                                 "last_answer_tokens", "last_answer_estimated")}
     runs = []
-    for r in data["runs"]:
-        turns = [Turn(**{k: v for k, v in t.items() if k in fields}) for t in r["turns"]]
-        for before, now in zip(turns, turns[1:]):
-            derive(now, before, lengths[r["session"]][now.turn - 1], floors[r["session"]][now.turn])
-        runs.append(Run(r["server"], r["session"], r["sampling"], r["cmd"], r["digest"], r["summary"]["wall_s"],
-                        turns))
-    setup = Setup(**data["setup"])
+    try:
+        for r in data["runs"]:
+            turns = [Turn(**{k: v for k, v in t.items() if k in fields}) for t in r["turns"]]
+            for before, now in zip(turns, turns[1:]):
+                derive(now, before, lengths[r["session"]][now.turn - 1], floors[r["session"]][now.turn])
+            runs.append(Run(r["server"], r["session"], r["sampling"], r["cmd"], r["digest"], r["summary"]["wall_s"],
+                            turns))
+    except (KeyError, TypeError, IndexError) as e:
+        print(f"session replay: {a.report_from}: a run or turn is not as this script writes them ({e!r})",
+              file=sys.stderr)
+        return 1
     argv_then = ["benchmarks/compare/session_replay.py", *data["argv"]]
     note = (f"Re-reported from {Path(a.report_from).name} (no server run again): `python "
             f"{shlex.join(['benchmarks/compare/session_replay.py', *argv])}`.")
@@ -619,6 +633,8 @@ def report_again(a, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parser().parse_args(argv)
+    if a.chat_template and not a.report_from:
+        parser().error("--chat-template goes with --report-from (a run renders with the target's own template)")
     if a.report_from:
         return report_again(a, argv)
     drafter = a.drafter or ("draft" if a.draft else "mtp")

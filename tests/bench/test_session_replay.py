@@ -259,3 +259,27 @@ def test_a_recorded_run_is_reported_again_with_the_same_figures(fake_server, tmp
     recorded["sessions"][0]["digest"] = "0" * 12                 # the sessions have changed since
     first.with_suffix(".json").write_text(json.dumps(recorded))
     assert replay.main(["--report-from", str(first.with_suffix(".json")), "--target", target]) == 1
+
+
+def test_a_report_from_bad_input_is_one_line_and_exit_1(tmp_path, capsys):
+    recorded = tmp_path / "run.json"
+    recorded.write_text(json.dumps({"argv": ["--bogus"], "setup": {}, "sessions": [], "runs": [], "hardware": ""}))
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    bad_template = tmp_path / "t.jinja"
+    bad_template.write_text("{% if %}")
+    cases = [(["--report-from", str(tmp_path / "none.json")], "cannot read"),
+             (["--report-from", str(listing)], "not a session replay's JSON dump"),
+             (["--report-from", str(recorded)], "a command line this script does not take")]
+    for args, said in cases:
+        assert replay.main(args + ["--target", "T.gguf"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    good = json.loads(recorded.read_text()) | {"argv": ["--target", "T.gguf", "--sessions", "edit-32k"],
+                                                "setup": {"target": "T.gguf"}}
+    recorded.write_text(json.dumps(good))
+    assert replay.main(["--report-from", str(recorded), "--target", "T.gguf", "--chat-template",
+                        str(bad_template)]) == 1
+    assert "does not parse" in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # argparse: a run takes the target's own template
+        replay.main(["--target", "T.gguf", "--chat-template", str(bad_template)])
