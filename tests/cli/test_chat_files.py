@@ -131,11 +131,11 @@ def with_writer(fifo: Path, data: bytes) -> threading.Thread:
             fd = os.open(fifo, os.O_WRONLY)
         except OSError:
             return
-        with os.fdopen(fd, "wb") as f:
-            try:
+        try:   # the reader may close first: the write or the flush at close then meets a broken pipe
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            except BrokenPipeError:
-                pass
+        except BrokenPipeError:
+            pass
 
     thread = threading.Thread(target=write, daemon=True)
     thread.start()
