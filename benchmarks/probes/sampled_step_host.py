@@ -4,7 +4,7 @@ with a draw from it, in a buffer that every decode overwrites (as llama.cpp's is
 device (writing the row, drawing) counts as decode time; the rest of the step is llamaspec's own.
 
     python benchmarks/probes/sampled_step_host.py [--vocab 152064] [--k 5] [-n 400] [--disagree 0.3] [--repeat 3]
-        [--drafter model|mtp-like]
+        [--profile]
 
 Prints the acceptance, the steps and the host milliseconds per step (best of --repeat), and with --profile the
 functions with the most time of their own.
