@@ -339,7 +339,7 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
-    """One id drawn from a non-negative vector, and the vector's sum.
+    """One id drawn from a non-negative vector, and the vector's sum; (-1, 0.0) when the vector is all zeros.
 
     Inverse-CDF sampling in two levels: pick a block of 1024 ids by the blocks' masses, then the id inside it.
     A cumulative sum over the whole vocabulary is sequential (about 2 ms for 152k ids on a slow core); block sums
@@ -348,12 +348,16 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, flo
     n = probs.shape[0]
     if n <= 4 * _SAMPLE_BLOCK:
         cdf = np.cumsum(probs, dtype=np.float64)
+        if cdf[-1] <= 0.0:
+            return -1, 0.0
         return _first_above(cdf, rng.random() * cdf[-1], probs), float(cdf[-1])
     n_full = n - n % _SAMPLE_BLOCK
     sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
     if n_full < n:
         sums = np.append(sums, probs[n_full:].sum(dtype=np.float64))
     cdf = np.cumsum(sums)
+    if cdf[-1] <= 0.0:
+        return -1, 0.0
     u = rng.random() * cdf[-1]
     b = min(int(np.searchsorted(cdf, u, side="right")), len(sums) - 1)
     while sums[b] <= 0.0:  # rounding put u on an empty block's edge: take the nearest earlier non-empty one

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import Dist, as_dist, sample
+from .sampling import Dist, _sample_dense, as_dist, sample
 
 
 def accept_greedy(draft_tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[int, int]:
@@ -59,24 +59,43 @@ def sample_residual(p: Dist, q: Dist, rng: np.random.Generator) -> int:
         py = p.prob(y)
         if py > 0.0 and rng.random() * py < py - q.prob(y):
             return y
-    return sample(residual(p, q), rng)
+    if p.ids is not None:
+        return sample(residual(p, q), rng)
+    # dense: the sampler's pass over the residual gives its mass too, so no pass of its own asks whether it vanished
+    token, _ = _sample_dense(_dense_residual(p, q), rng)
+    return token if token >= 0 else sample(Dist(None, p.weights, p.total), rng)
 
 
 def residual(p: Dist, q: Dist) -> Dist:
     """normalize(max(0, p - q)): nonzero only where p is, so it lives on p's support. When it vanishes (p == q up
     to rounding) the residual is p itself."""
-    if p.ids is None:  # a dense target row: one pass over the vocabulary, once per step at most
-        r = np.multiply(p.weights, np.float32(1.0 / p.total), dtype=np.float32)
-        if q.ids is None:
-            n = min(len(q.weights), len(r))
-            r[:n] -= q.weights[:n] * np.float32(1.0 / q.total)
-        else:
-            inside = q.ids < len(r)
-            r[q.ids[inside]] -= q.weights[inside] / np.float32(q.total)  # ids are distinct: no accumulation needed
+    if p.ids is None:  # a dense target row: once per step at most
+        r = _dense_residual(p, q)
     else:
         r = p.weights / p.total - q.probs_at(p.ids)
-    np.maximum(r, 0.0, out=r)
+        np.maximum(r, 0.0, out=r)
     out = Dist(p.ids, r)
     if out.total <= 0.0:
         return Dist(p.ids, p.weights, p.total)  # without p's draw: that belongs to the bonus token only
     return out
+
+
+def _dense_residual(p: Dist, q: Dist) -> np.ndarray:
+    """max(0, p / p.total - q / q.total) over a dense p's ids (float32, unnormalised). A distribution that comes
+    normalised (the device's rows: total 1) is not scaled, which changes no value (x * 1 == x): two passes over the
+    vocabulary where both come normalised (subtract, clip), not four."""
+    r = np.empty(len(p.weights), dtype=np.float32)
+    if q.ids is None:
+        n = min(len(q.weights), len(r))
+        q_part = q.weights[:n] if q.total == 1.0 else q.weights[:n] * np.float32(1.0 / q.total)
+        if p.total == 1.0 and p.weights.dtype == np.float32:
+            np.subtract(p.weights[:n], q_part, out=r[:n])
+            r[n:] = p.weights[n:]
+        else:
+            np.multiply(p.weights, np.float32(1.0 / p.total), out=r, dtype=np.float32)
+            r[:n] -= q_part
+    else:
+        np.multiply(p.weights, np.float32(1.0 / p.total), out=r, dtype=np.float32)
+        inside = q.ids < len(r)
+        r[q.ids[inside]] -= q.weights[inside] / np.float32(q.total)  # ids are distinct: no accumulation needed
+    return np.maximum(r, 0.0, out=r)

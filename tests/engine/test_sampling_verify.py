@@ -305,8 +305,9 @@ def test_a_rejection_takes_the_targets_own_draw_where_it_has_one_and_the_output_
     device, rng = np.random.default_rng(11), np.random.default_rng(12)
     q_row = _dense(q)
     built = []
-    real_residual = verify.residual
+    real_residual, real_dense = verify.residual, verify._dense_residual   # a dense p's residual: _dense_residual
     verify.residual = lambda a, b: (built.append(1), real_residual(a, b))[1]
+    verify._dense_residual = lambda a, b: (built.append(1), real_dense(a, b))[1]
     try:
         emitted, after_rejection = np.zeros(len(p)), np.zeros(len(p))
         n = 40000
@@ -320,9 +321,69 @@ def test_a_rejection_takes_the_targets_own_draw_where_it_has_one_and_the_output_
                 after_rejection[nxt] += 1
                 assert p_row.draw == -1   # used once
     finally:
-        verify.residual = real_residual
+        verify.residual, verify._dense_residual = real_residual, real_dense
     assert_follows(emitted.astype(int), p)
     assert_follows(after_rejection.astype(int), resid)
     z = np.maximum(p - q, 0.0).sum()
     rejections = after_rejection.sum()
     assert abs(len(built) / rejections - (1 - z)) < 0.03   # the residual built only where the draw was not kept
+
+
+def _residual_by_the_formula(p: Dist, q: Dist) -> Dist:
+    """normalize(max(0, p - q)) written out with every scaling (the construction the fast paths must equal)."""
+    r = np.multiply(p.weights, np.float32(1.0 / p.total), dtype=np.float32)
+    if q.ids is None:
+        n = min(len(q.weights), len(r))
+        r[:n] -= q.weights[:n] * np.float32(1.0 / q.total)
+    else:
+        inside = q.ids < len(r)
+        r[q.ids[inside]] -= q.weights[inside] / np.float32(q.total)
+    np.maximum(r, 0.0, out=r)
+    out = Dist(None, r)
+    return Dist(None, p.weights, p.total) if out.total <= 0.0 else out
+
+
+def _residual_cases(n: int = 5000):
+    rng = np.random.default_rng(3)
+
+    def row(dtype=np.float32, size=n, normalised=True):
+        w = np.exp(rng.standard_normal(size) * 2).astype(dtype)
+        return Dist(None, (w / w.sum(dtype=np.float64)).astype(dtype), 1.0) if normalised else Dist(None, w)
+
+    p = row()
+    yield p, row()                                           # the device's rows: both normalised
+    yield row(normalised=False), row(normalised=False)       # numpy's filters: unnormalised weights
+    yield p, row(normalised=False)
+    yield row(normalised=False), row()
+    yield row(np.float64), row(np.float64)                   # probability vectors
+    yield p, row(np.float64)
+    yield p, row(size=n - 300)                               # a draft vocabulary shorter than the target's
+    yield row(size=n - 300), row()                           # ... or longer
+    ids = rng.choice(n, 40, replace=False)
+    yield p, Dist(ids, rng.random(40).astype(np.float32))   # a sparse q
+    yield p, Dist(None, p.weights.copy(), 1.0)               # p == q: the residual vanishes
+
+
+def test_the_dense_residual_equals_the_formula_to_the_bit():
+    from llamaspec.verify import _dense_residual
+
+    for p, q in _residual_cases():
+        want = _residual_by_the_formula(p, q)
+        got = residual(p, q)
+        assert got.weights.dtype == want.weights.dtype and np.array_equal(got.weights, want.weights)
+        assert got.total == want.total
+        if want.weights is not p.weights:   # it did not vanish
+            assert np.array_equal(_dense_residual(p, q), want.weights)
+
+
+def test_sample_residual_draws_what_sampling_the_formula_draws():
+    """Without a draw of p's own, sample_residual takes the same token from the same random stream as sampling the
+    residual built by the formula (the vanishing residual included: then p is sampled)."""
+    from llamaspec.verify import sample_residual
+
+    for p, q in _residual_cases():
+        for seed in range(20):
+            before, after = np.random.default_rng(seed), np.random.default_rng(seed)
+            want = sample(_residual_by_the_formula(p, q), before)
+            assert sample_residual(Dist(None, p.weights, p._total), q, after) == want
+            assert after.random() == before.random()   # as many random numbers used
