@@ -21,6 +21,7 @@ import numpy as np
 
 from llamaspec.drafters import make_drafter
 from llamaspec.engine import Pair
+from llamaspec.errors import LlamaspecError
 from llamaspec.policy import make_policy
 from llamaspec.sampling import Dist
 
@@ -142,6 +143,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
+    for bad, what in ((a.vocab < 16, "--vocab must be at least 16"), (a.k < 1, "--k must be at least 1"),
+                      (a.n < 1, "-n must be at least 1"),
+                      (not 0.0 <= a.disagree <= 1.0, "--disagree must be in [0, 1]"),
+                      (not a.temp > 0.0, "--temp must be > 0 (a sampled step)"),
+                      (a.repeat < 1, "--repeat must be >= 1")):
+        if bad:
+            ap.error(what)
+    try:
+        run(a)
+    except LlamaspecError as e:
+        raise SystemExit(f"sampled_step_host: {e}") from None
+
+
+def run(a: argparse.Namespace) -> None:
     target = RowsModel(a.vocab, seed=0)
     draft = RowsModel(a.vocab, disagree=a.disagree, salt=3, seed=1)
     n_ctx = a.n + 64
