@@ -64,7 +64,9 @@ import json
 import math
 import shlex
 import signal
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -503,8 +505,10 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
     return "\n".join(lines) + "\n"
 
 
-def dump(setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str]) -> dict:
-    return {"hardware": hardware, "argv": argv, "setup": asdict(setup),
+def dump(setup: Setup, session_list: list, runs: list[Run], hardware: str, argv: list[str],
+         commit: str | None) -> dict:
+    """The run as JSON; `commit`: the checkout the sessions were built from (they quote its files)."""
+    return {"hardware": hardware, "argv": argv, "commit": commit, "setup": asdict(setup),
             "sessions": [{"name": s.name, "turns": len(s.requests), "approx_tokens": s.approx_tokens,
                           "digest": s.digest} for s in session_list],
             "runs": [{"server": r.server, "session": r.session, "sampling": r.sampling, "cmd": r.cmd,
@@ -567,7 +571,27 @@ def parser() -> argparse.ArgumentParser:
                         "--target's vocabulary (a vocab-only GGUF will do) and --chat-template")
     p.add_argument("--chat-template", metavar="FILE",
                    help="with --report-from: the chat template the servers rendered (default: --target's own)")
+    p.add_argument("--sessions-at", metavar="COMMIT",
+                   help="with --report-from: build the sessions from this commit's files (default: the commit the "
+                        "dump names, where the working tree's files give other sessions)")
     return p
+
+
+def head_commit() -> str | None:
+    """The repository's checked-out commit, or None outside a git checkout."""
+    done = subprocess.run(["git", "-C", str(sessions.REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def sessions_at(commit: str, names: list[str], old: argparse.Namespace, into: Path) -> list:
+    """The sessions as a run at `commit` built them (they quote the repository's files): that commit's tree is
+    unpacked into `into` and the sessions built from it. ValueError when git cannot give that commit."""
+    done = subprocess.run(["git", "-C", str(sessions.REPO), "archive", "--format=tar", commit], capture_output=True)
+    if done.returncode != 0:
+        raise ValueError(f"git cannot give commit {commit}: {done.stderr.decode(errors='replace').strip()[:200]}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return [sessions.build(n, old.scale, old.target_tokens, old.turns, root=into) for n in names]
 
 
 def report_again(a, argv: list[str]) -> int:
@@ -596,11 +620,22 @@ def report_again(a, argv: list[str]) -> int:
         except (OSError, UnicodeDecodeError, ChatTemplateError) as e:
             print(f"session replay: --chat-template {a.chat_template}: {e}", file=sys.stderr)
             return 1
+    at = a.sessions_at or data.get("commit")
     session_list = [sessions.build(n, old.scale, old.target_tokens, old.turns) for n in old.sessions]
     changed = [s.name for s in session_list if recorded.get(s.name) != s.digest]
+    with tempfile.TemporaryDirectory(prefix="llamaspec-sessions-") as tree:
+        if changed and at:   # the working tree moved on since the run: its files, as they were then
+            try:
+                session_list = sessions_at(at, old.sessions, old, Path(tree))
+            except (ValueError, OSError, tarfile.TarError) as e:
+                print(f"session replay: the sessions changed since {a.report_from} was recorded, and {e}",
+                      file=sys.stderr)
+                return 1
+            changed = [s.name for s in session_list if recorded.get(s.name) != s.digest]
     if changed:
-        print(f"session replay: the sessions changed since {a.report_from} was recorded ({', '.join(changed)}: "
-              "other digests); re-run it instead", file=sys.stderr)
+        where = f"at commit {at}" if at else "in this checkout (the dump names no commit: --sessions-at COMMIT)"
+        print(f"session replay: the sessions {where} are not the ones {a.report_from} recorded "
+              f"({', '.join(changed)}: other digests); re-run it instead", file=sys.stderr)
         return 1
     lengths = {s.name: answer_lengths(s, a.target) for s in session_list}
     floors = {s.name: template_floors(s, a.target, template) for s in session_list}
@@ -626,7 +661,7 @@ def report_again(a, argv: list[str]) -> int:
     if a.out:
         Path(a.out).write_text(text)
         Path(a.out).with_suffix(".json").write_text(json.dumps(
-            dump(setup, session_list, runs, data["hardware"], data["argv"]), indent=1) + "\n")
+            dump(setup, session_list, runs, data["hardware"], data["argv"], at), indent=1) + "\n")
     return 0
 
 
@@ -635,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     if a.chat_template and not a.report_from:
         parser().error("--chat-template goes with --report-from (a run renders with the target's own template)")
+    if a.sessions_at and not a.report_from:
+        parser().error("--sessions-at goes with --report-from (a run builds its sessions from this checkout)")
     if a.report_from:
         return report_again(a, argv)
     drafter = a.drafter or ("draft" if a.draft else "mtp")
@@ -661,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         Path(a.out).write_text(text)
         Path(a.out).with_suffix(".json").write_text(json.dumps(
-            dump(setup, session_list, runs, hw, argv), indent=1) + "\n")
+            dump(setup, session_list, runs, hw, argv, head_commit()), indent=1) + "\n")
     return 0
 
 

@@ -261,6 +261,32 @@ def test_a_recorded_run_is_reported_again_with_the_same_figures(fake_server, tmp
     assert replay.main(["--report-from", str(first.with_suffix(".json")), "--target", target]) == 1
 
 
+def test_a_committed_dump_is_reported_again_from_the_files_of_its_commit(qwen35_vocab, tmp_path, capsys):
+    """The sessions quote the repository's files, so the working tree gives other sessions once it moves on: a dump
+    names the commit it was built from, and --report-from builds them from that commit's files (git archive) when
+    the working tree's differ. A commit git cannot give is one line and exit 1."""
+    import subprocess
+
+    dump = Path(replay.__file__).parents[1] / "results" / "h200-session-replay-agent-64k-at-8cda068.json"
+    data = json.loads(dump.read_text())
+    known = subprocess.run(["git", "-C", str(sessions.REPO), "cat-file", "-e", data["commit"] + "^{commit}"],
+                           capture_output=True)
+    if known.returncode != 0:
+        pytest.skip(f"this checkout has no commit {data['commit'][:7]} (a shallow clone or an export)")
+    again = tmp_path / "again.md"
+    args = ["--report-from", str(dump), "--target", qwen35_vocab, "--chat-template", str(QWEN_TEMPLATE)]
+    assert replay.main(args + ["--out", str(again)]) == 0, capsys.readouterr().err
+    new = json.loads(again.with_suffix(".json").read_text())
+    assert new["commit"] == data["commit"] and new["sessions"] == data["sessions"]
+    assert [r["summary"]["wall_s"] for r in new["runs"]] == [r["summary"]["wall_s"] for r in data["runs"]]
+    capsys.readouterr()
+    assert replay.main(args + ["--sessions-at", "0" * 40]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "git cannot give commit" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    with pytest.raises(SystemExit):   # a run builds its sessions from this checkout
+        replay.main(["--target", "T.gguf", "--sessions-at", data["commit"]])
+
+
 def test_a_report_from_bad_input_is_one_line_and_exit_1(tmp_path, capsys):
     recorded = tmp_path / "run.json"
     recorded.write_text(json.dumps({"argv": ["--bogus"], "setup": {}, "sessions": [], "runs": [], "hardware": ""}))
