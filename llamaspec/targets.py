@@ -31,7 +31,7 @@ from .drafters.batched_mtp import BatchedMTP
 from .errors import InvalidParameterError
 from .kinds import KINDS, Source, source_of
 from .policy import Hooks
-from .sampling import SamplerConfig, Sampling
+from .sampling import SamplerConfig, Sampling, draft_filters
 from .slots import Slot
 
 BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
@@ -181,12 +181,14 @@ class LoneTarget:
 
     def _device_sampling(self, cfg: SamplerConfig | None, rng: np.random.Generator) -> bool:
         """Filter on the device (llama.cpp's sampler chains) when every context prefers it and can run it;
-        otherwise none does: draft and target must filter by one rule, which keeps rejection sampling exact."""
+        otherwise none does (a drafter reads its rows the way the target does). The target filters by the
+        request's settings, a drafter by `draft_filters` (at most DRAFT_TOP_K candidates: exact all the same)."""
         contexts = self.contexts
         wanted = cfg is not None and all(ctx.prefers_device_sampling for ctx in contexts)
         # Every chain's draws follow the request's seed (the draft's too: the same draft draws in every request
         # would bias the output across seeds), or none at all; a chain with unchanged filters stays attached.
-        if wanted and all([ctx.set_device_sampler(cfg, None if cfg.seed is None else int(rng.integers(1, 2**31)))
+        if wanted and all([ctx.set_device_sampler(cfg if ctx is self.ctx else draft_filters(cfg),
+                                                  None if cfg.seed is None else int(rng.integers(1, 2**31)))
                            for ctx in contexts]):
             return True
         for ctx in contexts:

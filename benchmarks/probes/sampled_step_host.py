@@ -1,6 +1,6 @@
 """The host (Python) time of a sampled speculative step with the filters on the device, without a model: stand-in
-contexts hand back dense, normalised rows over a realistic vocabulary (temperature only: every id has mass), each
-with a draw from it, in a buffer that every decode overwrites (as llama.cpp's is). What they do in place of the
+contexts hand back dense, normalised rows over a realistic vocabulary (temperature only: every id has mass; a
+context asked for top-k, as a drafter's are, its k best candidates), each with a draw from it, in a buffer that every decode overwrites (as llama.cpp's is). What they do in place of the
 device (writing the row, drawing) counts as decode time; the rest of the step is llamaspec's own.
 
     python benchmarks/probes/sampled_step_host.py [--vocab 152064] [--k 5] [-n 400] [--disagree 0.3] [--repeat 3]
@@ -80,6 +80,7 @@ class RowsContext:
         self.replayed_tokens = 0
         self.buffer = np.zeros((n_batch, model.n_vocab), dtype=np.float32)
         self.draws = np.random.default_rng(1)
+        self.cfg = None
 
     n_past = property(lambda self: len(self.tokens))
     n_in_memory = n_past
@@ -104,6 +105,14 @@ class RowsContext:
                 row = self.buffer[j]
                 row[:] = m.noise[which]
                 row[peak] += np.float32(m.peak_mass)
+                top_k = self.cfg.top_k if self.cfg is not None and 0 < self.cfg.top_k < m.n_vocab else 0
+                if top_k:   # as llama.cpp's device top-k: the k best candidates, renormalised, and a draw among them
+                    ids = np.argpartition(row, m.n_vocab - top_k)[m.n_vocab - top_k:].astype(np.int32)
+                    weights = row[ids] / row[ids].sum(dtype=np.float32)
+                    draw = int(ids[np.searchsorted(np.cumsum(weights), self.draws.random())
+                                   .clip(max=top_k - 1)])
+                    out.append(Dist(ids, weights, 1.0, draw=draw))
+                    continue
                 u = self.draws.random()
                 draw = peak if u < m.peak_mass else int(np.searchsorted(m.cdfs[which], self.draws.random()))
                 out.append(Dist(None, row, 1.0, draw=min(draw, m.n_vocab - 1)))
@@ -114,6 +123,7 @@ class RowsContext:
         return False
 
     def set_device_sampler(self, cfg, seed=0):
+        self.cfg = cfg   # a drafter's filters cut to its best candidates (sampling.draft_filters) are honoured
         return cfg is not None
 
     def keep(self, n):

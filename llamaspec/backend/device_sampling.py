@@ -97,21 +97,22 @@ class DeviceSampling:
     def device_sampler(self) -> bool:
         return self._chain_kind == "sample"
 
-    def eval_dists(self, tokens: Sequence[int], rows: str = "last") -> list[Dist]:
+    def eval_dists(self, tokens: Sequence[int], rows: str = "last") -> "Sequence[Dist]":
         """Decode `tokens` with the chain of `set_device_sampler` attached: the filtered distribution of the last
-        row ('last') or of every row ('all'), each with the device's draw. The weights are views into llama.cpp's
-        buffers, valid until the next decode: `Dist.copy` what must outlive it."""
+        row ('last') or of every row ('all'), each with the device's draw. Every row is read when first asked for
+        (the rejection rule stops at the first rejection: the rows after it are never read). The weights are views
+        into llama.cpp's buffers, valid until the next decode: `Dist.copy` what must outlive it."""
         if self._chain_kind != "sample":
             raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
         if len(tokens) == 1 and not self.n_pending:
             self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
         else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
             self._decode(tokens, rows)
-        out = [self._sampled_dist(self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
-            else [self._sampled_dist(-1)]
+        n_rows = len(tokens) if rows == "all" else 1
+        out = _Rows(self._sampled_dist, self._prefix, n_rows) if n_rows > 1 else [self._sampled_dist(-1)]
         # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
         # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
-        for _ in out:
+        for _ in range(n_rows):
             llama_cpp.llama_sampler_accept(self._chain, 0)
         return out
 
@@ -162,6 +163,27 @@ class DeviceSampling:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = self._chain_kind = self._chain_key = None
+
+
+class _Rows:
+    """The rows of one decode, each read from llama.cpp's buffers when first asked for (row i: output `start + i`)."""
+
+    __slots__ = ("_read", "_start", "_rows")
+
+    def __init__(self, read, start: int, n: int):
+        self._read, self._start, self._rows = read, start, [None] * n
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> Dist:
+        row = self._rows[i]
+        if row is None:
+            row = self._rows[i] = self._read(self._start + range(len(self._rows))[i])
+        return row
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._rows)))
 
 
 def _is_zero(p) -> bool:

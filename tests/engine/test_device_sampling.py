@@ -10,7 +10,7 @@ from llamaspec import load_pair
 from llamaspec.backend import Context, Model, supports_gpu_offload
 from llamaspec.config import ModelConfig
 from llamaspec.policy import FixedPolicy
-from llamaspec.sampling import SamplerConfig, filter_logits, filtered_probs
+from llamaspec.sampling import DRAFT_TOP_K, SamplerConfig, filter_logits, filtered_probs
 
 PROMPT = "def quicksort(arr):"
 CONFIGS = [SamplerConfig(0.8), SamplerConfig(0.8, top_k=40), SamplerConfig(1.0, top_p=0.9),
@@ -83,6 +83,24 @@ def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx)
     ctx.set_device_sampler(None)
 
 
+def test_rows_of_a_verification_are_read_only_when_asked_for(ctx, monkeypatch):
+    """The rejection rule stops at the first rejection: the rows after it are never read out of llama.cpp."""
+    tokens, cfg = ctx.model.tokenize(PROMPT), SamplerConfig(0.8, top_k=40)
+    ctx.clear()
+    expected = filter_logits(np.array(ctx.eval(tokens, logits="all"))[2], cfg).dense(ctx.n_vocab)
+    ctx.clear()
+    assert ctx.set_device_sampler(cfg, seed=1)
+    read = []
+    real = ctx._sampled_dist
+    monkeypatch.setattr(ctx, "_sampled_dist", lambda i: read.append(i) or real(i))
+    rows = ctx.eval_dists(tokens, rows="all")
+    assert len(rows) == len(tokens) and read == []
+    third = rows[2]
+    assert rows[2] is third and rows[-1] is rows[len(tokens) - 1] and read == [2, len(tokens) - 1]
+    np.testing.assert_allclose(third.dense(ctx.n_vocab), expected, atol=1e-6, rtol=1e-4)
+    ctx.set_device_sampler(None)
+
+
 def test_device_filtering_is_preferred_only_with_the_output_layer_on_a_gpu(ctx, monkeypatch):
     monkeypatch.delenv("LLAMASPEC_DEVICE_SAMPLING", raising=False)
     assert ctx.prefers_device_sampling == supports_gpu_offload()  # every layer offloaded (n_gpu_layers -1)
@@ -120,8 +138,8 @@ def test_engine_filters_on_the_device_for_draft_and_target_together(models, monk
 
 @pytest.mark.parametrize("device", ["1", "0"], ids=["device", "numpy"])
 @pytest.mark.parametrize("cfg", [SamplerConfig(1.0, top_k=12), SamplerConfig(0.9, top_p=0.8),
-                                 SamplerConfig(0.7, top_p=0.9, min_p=0.02, order="llama.cpp")],
-                         ids=["top_k", "top_p", "llama.cpp-order"])
+                                 SamplerConfig(0.7, top_p=0.9, min_p=0.02, order="llama.cpp"), SamplerConfig(0.8)],
+                         ids=["top_k", "top_p", "llama.cpp-order", "temperature"])
 @pytest.mark.slow
 def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeypatch, device, cfg):
     """Speculative sampling (3 drafted tokens, a draft that disagrees often) on either path: the first token
@@ -141,6 +159,9 @@ def test_sampled_next_token_follows_the_target_distribution(models, ctx, monkeyp
             drafted += c.stats.drafted
             accepted += c.stats.accepted
         assert pair.target_ctx.device_sampler == (device == "1")
+        if device == "1":   # the target filters as asked, the draft draws from at most DRAFT_TOP_K candidates
+            assert pair.target_ctx._chain_key[1] == (cfg.top_k or 0)
+            assert pair.draft_ctx._chain_key[1] == (cfg.top_k or DRAFT_TOP_K)
     assert drafted > 0 and 0 < accepted < drafted  # the draft's tokens were used, and some were rejected
     assert_follows(counts, p)
 

@@ -8,6 +8,7 @@ from llamaspec.drafters import Draft, make_drafter
 from llamaspec.engine import Pair, StopMatcher, shadow_acceptance
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
 from llamaspec.policy import DraftPolicy, FixedPolicy, ThresholdPolicy, make_policy
+from llamaspec import sampling
 from llamaspec.sampling import Dist, SamplerConfig, filtered_probs
 
 PROMPT = [5, 9, 11, 3]
@@ -240,7 +241,7 @@ def _first_token_counts(pair, cfg: SamplerConfig, n: int) -> np.ndarray:
     for seed in range(n):
         c = pair.generate(PROMPT, max_tokens=2, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                           min_p=cfg.min_p, seed=seed, sampler_order=cfg.order)
-        counts[c.tokens[0]] += 1
+        counts[c.tokens[0] if c.tokens else pair.target.eog] += 1   # an end-of-generation token is not kept
     return counts
 
 
@@ -257,6 +258,27 @@ def test_sampled_speculation_keeps_the_target_distribution(device, order):
     assert (getattr(pair.target_ctx, "dist_evals", 0) >= 3000) == device  # every verification used its path
     p = filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64)
     assert_follows(counts, p)
+
+
+@pytest.mark.parametrize("cfg", [SamplerConfig(1.3), SamplerConfig(1.1, top_p=0.97, order="llama.cpp")],
+                         ids=["temperature", "top-p"])
+def test_a_draft_cut_to_its_best_candidates_keeps_the_target_distribution(cfg, monkeypatch):
+    """On the device a drafter draws from its DRAFT_TOP_K best candidates (4 of 64 here) while the target filters
+    as asked: acceptance changes, the output's distribution does not."""
+    monkeypatch.setattr(sampling, "DRAFT_TOP_K", 4)
+    pair = fake_device_pair(0.6, FixedPolicy(2), sharpness=1.5)
+    counts = _first_token_counts(pair, cfg, 3000)
+    assert pair.draft_ctx.sampler.top_k == 4 and pair.target_ctx.sampler.top_k == 0
+    assert pair.last_stats.drafted > 0 and pair.target_ctx.dist_evals >= 3000
+    assert_follows(counts, filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64))
+
+
+def test_draft_filters_cut_only_what_keeps_more_than_the_draft_needs():
+    cut = sampling.draft_filters
+    assert cut(SamplerConfig(0.8)) == SamplerConfig(0.8, top_k=sampling.DRAFT_TOP_K)
+    assert cut(SamplerConfig(0.8, top_k=40, top_p=0.95, min_p=0.05)) == SamplerConfig(0.8, 40, 0.95, 0.05)
+    assert cut(SamplerConfig(0.8, top_k=500, min_p=0.05, seed=3, order="llama.cpp")) == \
+        SamplerConfig(0.8, sampling.DRAFT_TOP_K, 1.0, 0.05, 3, "llama.cpp")
 
 
 class ShadowEvery(DraftPolicy):
