@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = SamplerConfig(args.temp, **extra)
             sums = {None: [], **{k: [] for k in caps}}
             for prompt in prompts:
-                target.clear(), draft.clear()
+                target.clear()
+                draft.clear()
                 p_rows, q_rows = rows_along(target, draft, models[0].tokenize(chat(prompt)), cfg, args.tokens, rng)
                 for p_row, q_row in zip(p_rows, q_rows):
                     p = filtered_probs(p_row[:n_vocab], cfg)
