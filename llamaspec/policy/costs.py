@@ -87,6 +87,11 @@ class Acceptance:
             self.tried[j] *= keep
             self.seen[j] *= keep
 
+    def fade(self, factor: float) -> None:
+        """Weigh what was seen so far by `factor` (a new request): no estimate moves, the next judgements weigh more."""
+        self.acc = [a * factor for a in self.acc]
+        self.tried = [n * factor for n in self.tried]
+
     def record_draft(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)   # positions after the first rejection were not judged
         self._decay(judged)

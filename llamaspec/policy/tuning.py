@@ -26,6 +26,8 @@ class AutoTuning:
     stale_decay: float = 0.995          # decay of acceptance at positions not drafted: lower forgets them faster
     idle_decay: float = 0.98            # decay of acceptance's weight per plain step: lower trusts a probe after a
                                         # pause more (acceptance changes between requests)
+    request_fade: float = 0.5           # weight kept of acceptance seen before a new request: lower follows a change of
+                                        # text at once, trusts the first judgements of each request more
     prior: float = 0.6                  # acceptance assumed before any draft is judged
     prior_weight: float = 0.5           # how firmly position 1 leans on the prior (low: a useless draft shows at once)
     chain_weight: float = 2.0           # how firmly position j leans on j - 1 (high: one rejection does not cut k)
@@ -53,6 +55,6 @@ class AutoTuning:
         for name in ("loss_budget", "prior"):
             if not getattr(self, name) < 1.0:
                 raise InvalidParameterError(f"{name} must be in [0, 1), got {getattr(self, name)!r}", param=name)
-        for name in ("decay", "stale_decay", "idle_decay"):
+        for name in ("decay", "stale_decay", "idle_decay", "request_fade"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1], got {getattr(self, name)!r}", param=name)
