@@ -10,11 +10,14 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
     PYTHONPATH=. python tests/support/policy_sim.py   # auto against plain and every fixed k on CPU-like and GPU-like machines
     PYTHONPATH=. python tests/support/policy_sim.py --recorded   # auto against the best fixed k, recorded H200 cases
     PYTHONPATH=. python tests/support/policy_sim.py --mixed      # the same on mixed sessions (requests of changing acceptance)
+    PYTHONPATH=. python tests/support/policy_sim.py --traces     # the same on acceptance recorded on a real pair
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
@@ -76,6 +79,19 @@ class GreedyRuns:
         return n
 
 
+@dataclass(frozen=True)
+class Trace:
+    """A recorded request (benchmarks/probes/record_acceptance.py): the chance that a token drafted at each position
+    of the answer is accepted, given the text before it; greedy, 1 or 0 (the draft's argmax is the target's token),
+    so a draft from position i keeps exactly the run of agreements from i, at any length. Past its end the last
+    position repeats."""
+
+    chances: tuple
+
+    def at(self, position: int) -> float:
+        return self.chances[min(position, len(self.chances) - 1)]
+
+
 @dataclass
 class RunResult:
     tokens: int = 0
@@ -113,12 +129,15 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     `run_on` once the one before it was (greedy decoding, where agreement comes in runs). `acceptance` may also be a
     list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
     by position on a real pair. `session`, a list of (acceptance, max_tokens), replaces `requests`, `acceptance`
-    and `max_tokens` by one request each (a mixed workload: requests of changing character)."""
+    and `max_tokens` by one request each (a mixed workload: requests of changing character); a request's acceptance
+    may be a `Trace`, recorded on a real pair, or `GreedyRuns`."""
     rng, load = random.Random(seed), Load(machine, seed)
     plan = session if session is not None else [(acceptance, max_tokens)] * requests
-    by_position, flat = None, acceptance
+    by_position, flat, trace, n_out = None, acceptance, None, 0
 
     def chance(accepted: int) -> float:   # of accepting draft position accepted + 1, the ones before accepted
+        if trace is not None:
+            return trace.at(n_out + accepted)
         if by_position is not None:
             return by_position[min(accepted, len(by_position) - 1)]
         return flat if run_on is None or not accepted else run_on
@@ -134,6 +153,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
         by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
         flat = acceptance
         runs = acceptance if isinstance(acceptance, GreedyRuns) else None
+        trace = acceptance if isinstance(acceptance, Trace) else None
         run = runs.draw(rng) if runs else 0   # the agreeing tokens from the next step's first position on
         start = out.seconds
         hooks.new_request()
@@ -294,6 +314,42 @@ def mixed(seeds: int = 40) -> None:
           f"[{min(recorded_session):.3f}]")
 
 
+# Acceptance recorded on the real Qwen2.5-Coder 1.5B Q4_K_M + 0.5B pair along its target's answers to bench_engine's
+# requests (benchmarks/probes/record_acceptance.py; the file names the pair): greedy agreement and T=0.8 chances
+RECORDED_FILE = Path(__file__).with_name("recorded_acceptance.json")
+
+
+def recorded_session(set_name: str, mode: str = "greedy") -> list:
+    """The recorded requests of one set (mixed, code, prose) as a session: (Trace, the answer's length) each."""
+    requests = json.loads(RECORDED_FILE.read_text())["requests"]
+    return [(Trace(tuple(float(c) for c in r[mode])), len(r[mode])) for r in requests if r["set"] == set_name]
+
+
+def traces(seeds: int = 6) -> None:
+    """auto against the best fixed k (1-8) on the recorded real traces, with the H200's recorded costs of a cheap
+    draft (2 layers of the 32B) and of a 0.5B-shaped one; cold, and warm after the set's first request."""
+    print("| machine | set | mode | auto / best fixed k (cold) | warm | best k |")
+    print("|---|---|---|---|---|---|")
+    for machine in (D70_RECORDED, H200_GRAPHS_BIG_DRAFT):
+        for set_name in ("mixed", "code", "prose"):
+            for mode in ("greedy", "sampled"):
+                session = recorded_session(set_name, mode)
+                cold, warm, bests = [], [], []
+                for seed in range(seeds):
+                    fixed = {k: simulate(FixedPolicy(k), machine, 0.0, session=session, seed=seed).throughput
+                             for k in range(1, 9)}
+                    best = max(fixed, key=fixed.get)
+                    bests.append(best)
+                    cold.append(simulate(make_policy("auto", draft_max=8), machine, 0.0, session=session,
+                                         seed=seed).throughput / fixed[best])
+                    policy = make_policy("auto", draft_max=8)
+                    simulate(policy, machine, 0.0, session=session[:1], seed=seed + 100)
+                    warm.append(simulate(policy, machine, 0.0, session=session, seed=seed).throughput / fixed[best])
+                cell = lambda xs: f"{sum(xs) / len(xs):.3f} [{min(xs):.3f}]"  # noqa: E731
+                print(f"| {machine.name} | {set_name} | {mode} | {cell(cold)} | {cell(warm)} | "
+                      f"{'/'.join(str(b) for b in sorted(set(bests)))} |")
+
+
 def main(seeds: int = 5) -> None:
     print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
     print()
@@ -322,4 +378,4 @@ def main(seeds: int = 5) -> None:
 if __name__ == "__main__":
     import sys
 
-    {"--recorded": recorded, "--mixed": mixed}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    {"--recorded": recorded, "--mixed": mixed, "--traces": traces}.get(sys.argv[1] if sys.argv[1:] else "", main)()
