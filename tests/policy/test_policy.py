@@ -408,6 +408,8 @@ def test_tuning_is_validated_once_and_frozen():
         AutoPolicy(min_gain=0.5)
     with pytest.raises(InvalidParameterError, match="k_start"):
         AutoTuning(k_start=0)
+    with pytest.raises(InvalidParameterError, match="request_fade"):
+        AutoTuning(request_fade=0.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         AutoTuning().decay = 0.5
     assert AutoPolicy(draft_max=2).k_start == 2                   # clipped to draft_max
