@@ -107,7 +107,7 @@ class AutoPolicy(DraftPolicy):
         self.model.new_request()
         self.accept.fade(t.request_fade)   # a new text: what the last one showed weighs less
         if self.phase is Phase.ON and not self._k and self.step is Step.ORDINARY and self._shadows:
-            self._since_probe, self._probe_due = 0, 1   # plain: ask the new text with a shadow probe at once
+            self._since_probe, self._probe_due = 0, 1   # plain: ask the new text with a shadow probe (credit allowing)
         self._after_prompt = 2   # the two passes after a prompt run cold with or without drafts: not charged
 
     def shadow_len(self) -> int:   # not in a request's first step: its first token waits

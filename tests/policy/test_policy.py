@@ -562,8 +562,8 @@ def test_a_new_request_fades_what_the_last_one_showed_without_moving_an_estimate
 def test_auto_follows_the_recorded_mixed_session_request_by_request():
     """The H200's greedy mixed session (requests at about 95, 10, 95, 40 and 95% agreement; the best k per request
     makes 1.15x the best single k on the simulator): with what each request showed fading at the next
-    (request_fade 0.5) and a plain policy asking a new request at once, auto made 1.041x the best single k on
-    average; when the evidence of earlier requests weighed in full, 1.016x."""
+    (request_fade 0.5) and a plain policy asking a new request at the first step its credit allows, auto made
+    1.041x the best single k on average; when the evidence of earlier requests weighed in full, 1.016x."""
     from support.policy_sim import MIXED_RECORDED, MTP_RECORDED, simulate
 
     ratios = []
