@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 
-from llamaspec.backend import Context, Model
+from benchmarks.probes.pair_rows import open_pair
+from llamaspec.backend import Context
 from llamaspec.bench.prompts import load_prompts
-from llamaspec.config import ModelConfig
 from llamaspec.errors import LlamaspecError
 from llamaspec.sampling import SamplerConfig, filtered_probs, sample_from
 
@@ -69,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --temp must be > 0, --tokens >= 1 and --caps positive integers (16,32,64)", file=sys.stderr)
         return 2
     try:
-        options = ModelConfig(no_repack=args.no_repack, n_ctx=1024)
-        models = [Model(path, options) for path in (args.target, args.draft)]
-        target, draft = (Context(m, options) for m in models)
+        models, target, draft, n_vocab = open_pair(args.target, args.draft, args.no_repack, n_ctx=1024)
         prompts = [p for name in args.prompts.split(",") for p in load_prompts(name)[:args.per_set]]
-        n_vocab = min(m.n_vocab for m in models)
         rng = np.random.default_rng(args.seed)
         print(f"# {models[0].path.name} / {models[1].path.name}, T={args.temp}, {len(prompts)} prompts x "
               f"{args.tokens} positions ({args.prompts}, {args.per_set} a set), seed {args.seed}")

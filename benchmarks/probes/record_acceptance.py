@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.compare.bench_engine import CODE, MIXED, PROSE
-from llamaspec.backend import Context, Model
-from llamaspec.config import ModelConfig
+from benchmarks.probes.pair_rows import open_pair
+from llamaspec.backend import Context
 from llamaspec.errors import LlamaspecError
 from llamaspec.sampling import SamplerConfig, filtered_probs, sample_from
 
@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.temp <= 0 or args.tokens < 1:
         print("error: --temp must be > 0 and --tokens >= 1", file=sys.stderr)
         return 2
+    if not args.out.parent.is_dir():
+        print(f"error: --out {args.out}: no such folder {args.out.parent}", file=sys.stderr)
+        return 2
     try:
-        options = ModelConfig(no_repack=args.no_repack, n_ctx=2048)
-        models = [Model(path, options) for path in (args.target, args.draft)]
-        target, draft = (Context(m, options) for m in models)
-        n_vocab = min(m.n_vocab for m in models)
+        models, target, draft, n_vocab = open_pair(args.target, args.draft, args.no_repack, n_ctx=2048)
         cfg, rng = SamplerConfig(args.temp), np.random.default_rng(args.seed)
 
         def greedy(p, q):
@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaspecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
