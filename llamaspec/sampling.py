@@ -197,9 +197,10 @@ class Dist:
     def prob(self, token: int) -> float:
         if self.ids is None:
             weight = self.weights[token] if token < len(self.weights) else 0.0
-        else:
-            hit = np.flatnonzero(self.ids == token)
-            weight = self.weights[hit[0]] if len(hit) else 0.0
+        else:   # a few candidates: one compare, its first match (argmax of booleans), no index array
+            hit = self.ids == token
+            j = hit.argmax() if len(hit) else -1
+            weight = self.weights[j] if j >= 0 and hit[j] else 0.0
         return float(weight) / self.total
 
     def probs_at(self, tokens: np.ndarray) -> np.ndarray:

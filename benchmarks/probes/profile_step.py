@@ -6,13 +6,14 @@
 Prints the generation's split (time inside llama_decode and the logits/argmax sync vs everything else), where the
 sampling filters ran (on the device or in numpy), and the functions with the most time of their own.
 `llama_decode` and the sync show up as ctypes calls; everything else is llamaspec's Python. --repeat runs the
-measured generation several times (the same seed) and prints each one's Python ms per step, then the profile of
-the last.
+measured generation several times (the same seed) without the profiler and prints each one's Python ms per step
+(the profiler's own cost per call would count as Python's), then profiles one more run and prints its table.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import io
 import pstats
 
@@ -37,28 +38,93 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-repack", action="store_true")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--split", action="store_true",
+                    help="one more run with every llama.cpp call outside the timed decode timed by name")
     a = ap.parse_args()
     pair = load_pair(a.target, a.draft, n_ctx=2048, n_gpu_layers=a.ngl, n_threads=a.threads, no_repack=a.no_repack)
     pair.set_policy(make_policy(a.policy, draft_max=a.k))
     sampler = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=1)
     pair.generate(a.prompt, max_tokens=16, **sampler)  # warm-up
-    for _ in range(a.repeat):
+    where = "greedy" if not a.temp else \
+        f"filters {'on the device' if getattr(pair.target_ctx, 'device_sampler', False) else 'in numpy'}"
+    # The shares are measured without the profiler (its own cost per Python call would count as Python's); one
+    # more run, the same, is profiled for the table.
+    shares = []
+    for run in range(a.repeat + 1):
+        profiled = run == a.repeat
         pair.reset()
-        prof = cProfile.Profile()
-        prof.enable()
+        prof = cProfile.Profile() if profiled else None
+        if prof:
+            prof.enable()
         c = pair.generate(a.prompt, max_tokens=a.n, **sampler)
-        prof.disable()
+        if prof:
+            prof.disable()
         s = c.stats
         steps = max(s.target_passes, 1)
-        where = "greedy" if not a.temp else \
-            f"filters {'on the device' if getattr(pair.target_ctx, 'device_sampler', False) else 'in numpy'}"
-        print(f"{s.summary()}\nwall {s.time_total:.3f} s, in llama.cpp (decode + sync) {s.time_in_decode:.3f} s, "
-              f"Python {100 * s.python_overhead:.1f}% = "
+        print(f"{'profiled: ' if profiled else ''}{s.summary()}\nwall {s.time_total:.3f} s, in llama.cpp "
+              f"(decode + sync) {s.time_in_decode:.3f} s, Python {100 * s.python_overhead:.1f}% = "
               f"{1000 * (s.time_total - s.time_in_decode - s.time_prefill) / steps:.3f} ms per step over {steps} "
-              f"steps ({where})")
+              f"steps ({where}{', with the profiler' if profiled else ''})")
+        if not profiled:
+            shares.append((s.python_overhead, 1000 * (s.time_total - s.time_in_decode - s.time_prefill) / steps))
+    if shares:
+        share, ms = sorted(shares)[len(shares) // 2]
+        print(f"median of {len(shares)} runs without the profiler: Python {100 * share:.1f}% = {ms:.3f} ms per step")
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(a.top)
     print(out.getvalue())
+    if a.split:
+        split_run(pair, a, sampler)
+
+
+# llama_decode and the sync after it are the decode time itself (decode_seconds); everything else llamaspec asks of
+# llama.cpp during a step is host time that counts as Python's
+_DECODE_CALLS = {"llama_decode", "llama_process", "llama_synchronize", "llama_get_logits", "llama_get_logits_ith"}
+
+
+def split_run(pair, a, sampler) -> None:
+    """Time every llama.cpp function called outside the decode (each wrapped in a timer: about a microsecond of
+    its own per call, which this run's Python share includes) and print, per step, what each took."""
+    import time
+
+    import llama_cpp
+
+    totals: dict[str, list] = {}
+
+    def timed(name, fn):
+        def call(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                entry = totals.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t0
+        return call
+
+    from llamaspec.backend import device_sampling
+
+    patched = [(llama_cpp, name, fn) for name, fn in vars(llama_cpp).items()
+               if name.startswith("llama_") and name not in _DECODE_CALLS and isinstance(fn, ctypes._CFuncPtr)]
+    # the row reads that call llama.cpp through prototypes of their own (an address, not a pointer object)
+    patched += [(device_sampling, name, getattr(device_sampling, name)) for name in ("_probs_address",
+                "_candidates_address") if getattr(device_sampling, name, None) is not None]
+    pair.reset()
+    for module, name, fn in patched:
+        setattr(module, name, timed(name, fn))
+    try:
+        c = pair.generate(a.prompt, max_tokens=a.n, **sampler)
+    finally:
+        for module, name, fn in patched:
+            setattr(module, name, fn)
+    s = c.stats
+    steps = max(s.target_passes, 1)
+    host = 1000 * (s.time_total - s.time_in_decode - s.time_prefill) / steps
+    api = 1000 * sum(t for _, t in totals.values()) / steps
+    print(f"split: {s.summary()}\nPython {host:.3f} ms per step over {steps} steps, of which llama.cpp calls "
+          f"outside the decode {api:.3f} ms (the prefill's included), each wrapped in a timer:")
+    for name, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:a.top]:
+        print(f"  {name:44s} {n / steps:7.2f} calls  {1e6 * t / steps:8.1f} us per step  {1e6 * t / n:6.2f} us/call")
 
 
 if __name__ == "__main__":

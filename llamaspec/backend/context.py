@@ -47,6 +47,7 @@ class Context(DeviceSampling, NativeHandle):
         self._chain_kind = None      # (set_device_sampler): "argmax" or "sample"
         self._sorted_rows = False    # "sample" chain with top-p and no top-k: each row's candidates come sorted
         self._chain_key = None       # ("sample" chain) its filters
+        self._row_shape = None       # ("sample" chain) (probabilities, candidates) per row, read at its first row
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = options.n_ctx
         params.n_batch = options.n_batch
@@ -174,13 +175,13 @@ class Context(DeviceSampling, NativeHandle):
                 return [int(self._eval_one(int(tokens[0]))[0].argmax())]
             return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
                 .argmax(axis=1).tolist()
-        if one:  # the drafting hot path
-            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+        get = llama_cpp.llama_get_sampled_token_ith
+        if one:  # the drafting hot path: reading the token waits for the device, so it is the decode's sync
+            out = [self._decode_one(int(tokens[0]), sync=_last_sampled_token)]
         else:
             self._decode(tokens, rows)
-        get = llama_cpp.llama_get_sampled_token_ith
-        out = [get(self._ptr, self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
-            else [get(self._ptr, -1)]
+            out = [get(self._ptr, self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
+                else [get(self._ptr, -1)]
         if min(out) < 0:
             raise DecodeError("llama.cpp returned no argmax token for an output row")
         return out
@@ -196,8 +197,12 @@ class Context(DeviceSampling, NativeHandle):
                 f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
         if logits == "all" and n > self.n_batch:
             raise DecodeError(f"internal: {n} rows of logits asked for, batch size is {self.n_batch}")
+        small = n <= 64 and not isinstance(tokens, np.ndarray)   # a draft's or a verification's few: no numpy
+        low, high = (min(tokens), max(tokens)) if small else (None, None)
         tokens = np.asarray(tokens, dtype=np.int32)
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+        if not small:
+            low, high = tokens.min(), tokens.max()
+        if low < 0 or high >= self.n_vocab:
             raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
         prefix = 0
         if self.n_pending:  # replay what a checkpoint restore left out, in front of the new tokens
@@ -430,3 +435,9 @@ class Context(DeviceSampling, NativeHandle):
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
+
+
+def _last_sampled_token(ctx) -> int:
+    """The last output row's token from the attached chain: every llama.cpp getter waits for the device first, so
+    this read ends a decode's timed span in place of llama_synchronize (one wait, not two)."""
+    return llama_cpp.llama_get_sampled_token_ith(ctx, -1)

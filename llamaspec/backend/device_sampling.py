@@ -104,41 +104,52 @@ class DeviceSampling:
         into llama.cpp's buffers, valid until the next decode: `Dist.copy` what must outlive it."""
         if self._chain_kind != "sample":
             raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
-        if len(tokens) == 1 and not self.n_pending:
-            self._decode_one(int(tokens[0]), sync=llama_cpp.llama_synchronize)
+        if len(tokens) == 1 and not self.n_pending:   # drafting: reading the draw waits for the device (the sync)
+            out = [self._sampled_dist(-1, self._decode_one(int(tokens[0]), sync=_last_draw))]
+            n_rows = 1
         else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
             self._decode(tokens, rows)
-        n_rows = len(tokens) if rows == "all" else 1
-        out = _Rows(self._sampled_dist, self._prefix, n_rows) if n_rows > 1 else [self._sampled_dist(-1)]
+            n_rows = len(tokens) if rows == "all" else 1
+            out = _Rows(self._sampled_dist, self._prefix, n_rows) if n_rows > 1 else [self._sampled_dist(-1)]
         # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
         # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
         for _ in range(n_rows):
             llama_cpp.llama_sampler_accept(self._chain, 0)
         return out
 
-    def _sampled_dist(self, i: int) -> Dist:
+    def _sampled_dist(self, i: int, token: int | None = None) -> Dist:
+        """Output row i's filtered distribution and draw. A chain's rows all have the shape its filters give them
+        in the graph (top-k: k candidates; no top-k: the whole vocabulary), so their lengths are asked once per
+        chain (`_row_shape`); a row then costs two or three calls into llama.cpp, each of which waits for the device
+        first, not five (the draw is passed in where the decode's sync read it)."""
         ctx = self._ptr
-        n_probs = llama_cpp.llama_get_sampled_probs_count_ith(ctx, i)
-        token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
-        if n_probs == 0 or token < 0:
+        if token is None:
+            token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
+        probs_at = _probs_address(ctx, i)
+        if token < 0 or not probs_at:
             raise DecodeError("llama.cpp returned no sampled distribution for an output row")
-        probs = self._array_view(llama_cpp.llama_get_sampled_probs_ith(ctx, i), n_probs)
-        n_ids = llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i)
+        shape = self._row_shape
+        if shape is None:
+            shape = self._row_shape = (llama_cpp.llama_get_sampled_probs_count_ith(ctx, i),
+                                       llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i))
+        n_probs, n_ids = shape
+        probs = self._array_view(probs_at, n_probs, np.float32)
         if not n_ids:
             return Dist(None, probs, 1.0, draw=token)  # every id, in id order
-        ids = self._array_view(llama_cpp.llama_get_sampled_candidates_ith(ctx, i), n_ids)
+        ids = self._array_view(_candidates_address(ctx, i), n_ids, np.int32)
         if self._sorted_rows:  # sorted by probability, top-p's and min-p's cuts are zeros at the end
             n_kept = bisect.bisect_left(probs, True, key=_is_zero)
             ids, probs = ids[:n_kept], probs[:n_kept]
         return Dist(ids, probs, 1.0, draw=token)
 
-    def _array_view(self, ptr, n: int) -> np.ndarray:
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n, type(ptr))
+    def _array_view(self, address: int, n: int, dtype) -> np.ndarray:
+        key = (address, n, dtype)
         view = self._views.get(key)
         if view is None:
             if len(self._views) > 256:
                 self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n,))
+            view = self._views[key] = np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize))
+                                                    .from_address(address), dtype=dtype)
         return view
 
     def _attach_chain(self, chain, kind: str) -> bool:
@@ -155,14 +166,14 @@ class DeviceSampling:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(chain)
             return False
-        self._chain, self._chain_kind = chain, kind
+        self._chain, self._chain_kind, self._row_shape = chain, kind, None
         return True
 
     def _detach_chain(self) -> None:
         if self._chain is not None:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(self._chain)
-            self._chain = self._chain_kind = self._chain_key = None
+            self._chain = self._chain_kind = self._chain_key = self._row_shape = None
 
 
 class _Rows:
@@ -184,6 +195,24 @@ class _Rows:
 
     def __iter__(self):
         return (self[i] for i in range(len(self._rows)))
+
+
+def _last_draw(ctx) -> int:
+    """The last output row's draw: as a decode's sync (a getter waits for the device first), it saves a wait."""
+    return llama_cpp.llama_get_sampled_token_ith(ctx, -1)
+
+
+def _address_of(getter):
+    """llama.cpp's `getter(ctx, i) -> pointer` as one that returns the address as an int (0 for NULL): a numpy view
+    is made from it without a ctypes cast per row."""
+    if not hasattr(llama_cpp, getter):
+        return None
+    fn = getattr(llama_cpp, getter)
+    return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+_probs_address = _address_of("llama_get_sampled_probs_ith")
+_candidates_address = _address_of("llama_get_sampled_candidates_ith")
 
 
 def _is_zero(p) -> bool:

@@ -63,6 +63,26 @@ def test_device_and_numpy_filters_agree_on_the_same_logits(ctx, cfg):
     ctx.set_device_sampler(None)
 
 
+def test_a_chains_rows_are_read_with_the_lengths_llama_cpp_gives_each_row(ctx):
+    """Row lengths are asked once per chain (its filters fix them): every row of a verification, and every row
+    after a change of filters, has the lengths llama.cpp's count calls give for it."""
+    from llamaspec.backend.native import llama_cpp
+
+    tokens = ctx.model.tokenize(PROMPT)
+    for cfg in (SamplerConfig(0.8, top_k=40), SamplerConfig(0.8, top_k=7), SamplerConfig(0.8),
+                SamplerConfig(0.8, top_k=7)):
+        ctx.clear()
+        assert ctx.set_device_sampler(cfg, seed=1)
+        rows = ctx.eval_dists(tokens, rows="all")
+        for i, dist in enumerate(rows):
+            n_probs = llama_cpp.llama_get_sampled_probs_count_ith(ctx._ptr, i)
+            n_ids = llama_cpp.llama_get_sampled_candidates_count_ith(ctx._ptr, i)
+            assert len(dist.weights) == n_probs == (cfg.top_k or ctx.n_vocab)
+            assert (0 if dist.ids is None else len(dist.ids)) == n_ids
+            assert dist.prob(dist.draw) > 0.0
+    ctx.set_device_sampler(None)
+
+
 @pytest.mark.slow
 def test_device_draws_are_fresh_at_every_decode_and_follow_the_distribution(ctx):
     """The same row decoded again and again: each decode's draw is new (llama.cpp replays uncommitted draws of
