@@ -84,15 +84,21 @@ _DECODE_CALLS = {"llama_decode", "llama_process", "llama_synchronize", "llama_ge
 
 def split_run(pair, a, sampler) -> None:
     """Time every llama.cpp function called outside the decode (each wrapped in a timer: about a microsecond of
-    its own per call, which this run's Python share includes) and print, per step, what each took."""
+    its own per call, which this run's Python share includes; a call within a timed decode, such as the read that
+    is its sync, is decode time and not counted) and print, per step, what each took."""
     import time
 
     import llama_cpp
 
+    from llamaspec.backend.context import Context
+
     totals: dict[str, list] = {}
+    inside = [0]   # > 0 within a timed decode: a call there (a read that is the decode's sync) is decode time
 
     def timed(name, fn):
         def call(*args):
+            if inside[0]:
+                return fn(*args)
             t0 = time.perf_counter()
             try:
                 return fn(*args)
@@ -109,9 +115,19 @@ def split_run(pair, a, sampler) -> None:
     # the row reads that call llama.cpp through prototypes of their own (an address, not a pointer object)
     patched += [(device_sampling, name, getattr(device_sampling, name)) for name in ("_probs_address",
                 "_candidates_address") if getattr(device_sampling, name, None) is not None]
+    timed_decode = Context._timed_decode
+
+    def decode_span(self, *args, **kwargs):
+        inside[0] += 1
+        try:
+            return timed_decode(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    patched.append((Context, "_timed_decode", timed_decode))
     pair.reset()
     for module, name, fn in patched:
-        setattr(module, name, timed(name, fn))
+        setattr(module, name, decode_span if name == "_timed_decode" else timed(name, fn))
     try:
         c = pair.generate(a.prompt, max_tokens=a.n, **sampler)
     finally:
