@@ -575,6 +575,39 @@ def test_auto_follows_the_recorded_mixed_session_request_by_request():
     assert np.mean(ratios) >= 1.03 and min(ratios) >= 0.97, ratios
 
 
+def test_one_costly_first_shadow_probe_does_not_keep_auto_plain_for_the_session():
+    """The 32B pair's recorded costs, where a request's first draft costs 3 plain passes more (its sampler chain
+    attached: llama.cpp reserves its graphs at the draft context's next decode) and the first shadow probe is
+    rejected in 3 of 8 seeds: that one costly probe priced the next ones at ~300 plain passes, and `auto` drafted
+    293-312 tokens of a 16 + 4 x 256-token session where it drafts 813-1002 without the extra cost (0 with 10 plain
+    passes more: plain for the whole session, as an H200 run of profile_step showed). With the costs measured at
+    load, the first probes are weighed against their estimate."""
+    from support.policy_sim import D70_RECORDED, simulate
+
+    session = [(0.7, 16)] + [(0.7, 256)] * 4
+    costly = dataclasses.replace(D70_RECORDED, first_draft=3.0)
+    for seed in range(8):
+        plain = simulate(make_policy("auto", draft_max=12), D70_RECORDED, 0.7, session=session, seed=seed).drafted
+        first = simulate(make_policy("auto", draft_max=12), costly, 0.7, session=session, seed=seed).drafted
+        assert first >= 0.85 * plain, (seed, first, plain)
+
+
+def test_the_first_shadow_probes_are_weighed_against_the_calibrated_estimate():
+    t_plain, t_draft = 0.010, 0.001
+    policy = AutoPolicy(draft_max=4)
+    policy.attach("per_token", Costs({n: t_plain * (1 + 0.1 * (n - 1)) for n in range(1, 6)}, t_draft, [0.002] * 6))
+    assert policy._shadow_loss() == pytest.approx(2 * t_draft)
+    policy.shadow(0.0, 0.050)   # the first probe paid for something once
+    assert policy._shadow_loss() == pytest.approx(2 * t_draft)
+    for _ in range(3):          # measured probes replace the estimate once there are enough
+        policy.shadow(1.0, 0.004)
+    assert policy._shadow_loss() == pytest.approx(0.004)
+    uncalibrated = AutoPolicy(draft_max=4)
+    uncalibrated.attach("per_token")
+    uncalibrated.shadow(0.0, 0.050)
+    assert uncalibrated._shadow_loss() == pytest.approx(0.050)   # nothing to weigh it against: as measured
+
+
 def test_a_recorded_greedy_trace_replays_exactly_at_any_draft_length():
     """A greedy trace recorded on a real pair (1: the draft's argmax is the target's token): a draft from position i
     keeps the run of agreements from i, so the simulator's fixed k takes the passes that walking the trace does."""
