@@ -21,23 +21,32 @@ from llamaspec import load_pair
 from llamaspec.policy import make_policy
 
 
+def _count(least: int):
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {least}, got {text}")
+        return value
+    return integer
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--policy", default="fixed")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--k", type=_count(0), default=4)
+    ap.add_argument("-n", type=_count(1), default=256)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--min-p", type=float, default=0.0)
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=_count(0), default=1)
     ap.add_argument("--prompt", default="def quicksort(arr):")
     ap.add_argument("-ngl", type=int, default=-1)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-repack", action="store_true")
-    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--top", type=_count(1), default=15)
     ap.add_argument("--split", action="store_true",
                     help="one more run with every llama.cpp call outside the timed decode timed by name")
     a = ap.parse_args()

@@ -13,7 +13,7 @@ import numpy as np
 from .. import interrupt
 from ..config import ModelConfig
 from ..errors import Cancelled, ContextOverflowError, DecodeError
-from .device_sampling import DeviceSampling
+from .device_sampling import DeviceSampling, last_sampled_token
 from .model import Model
 from .native import (CACHE_TYPE_IDS, FLASH_ATTN, NativeHandle, decode_stops, default_threads, llama_cpp, load_error,
                      native_log, nextn_functions)
@@ -175,11 +175,11 @@ class Context(DeviceSampling, NativeHandle):
                 return [int(self._eval_one(int(tokens[0]))[0].argmax())]
             return self._logits_view(self._decode(tokens, rows), len(tokens) if rows == "all" else 1) \
                 .argmax(axis=1).tolist()
-        get = llama_cpp.llama_get_sampled_token_ith
         if one:  # the drafting hot path: reading the token waits for the device, so it is the decode's sync
-            out = [self._decode_one(int(tokens[0]), sync=_last_sampled_token)]
+            out = [self._decode_one(int(tokens[0]), sync=last_sampled_token)]
         else:
             self._decode(tokens, rows)
+            get = llama_cpp.llama_get_sampled_token_ith
             out = [get(self._ptr, self._prefix + i) for i in range(len(tokens))] if rows == "all" and len(tokens) > 1 \
                 else [get(self._ptr, -1)]
         if min(out) < 0:
@@ -197,10 +197,11 @@ class Context(DeviceSampling, NativeHandle):
                 f"context full: {self.n_past} + {n} tokens exceed the context size {self.n_ctx}")
         if logits == "all" and n > self.n_batch:
             raise DecodeError(f"internal: {n} rows of logits asked for, batch size is {self.n_batch}")
-        small = n <= 64 and not isinstance(tokens, np.ndarray)   # a draft's or a verification's few: no numpy
-        low, high = (min(tokens), max(tokens)) if small else (None, None)
-        tokens = np.asarray(tokens, dtype=np.int32)
-        if not small:
+        if n <= 64 and not isinstance(tokens, np.ndarray):   # a draft's or a verification's few: no numpy
+            low, high = min(tokens), max(tokens)
+            tokens = np.asarray(tokens, dtype=np.int32)
+        else:
+            tokens = np.asarray(tokens, dtype=np.int32)
             low, high = tokens.min(), tokens.max()
         if low < 0 or high >= self.n_vocab:
             raise DecodeError(f"token id out of range for {self.model.path.name} (vocabulary of {self.n_vocab})")
@@ -436,8 +437,3 @@ class Context(DeviceSampling, NativeHandle):
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
 
-
-def _last_sampled_token(ctx) -> int:
-    """The last output row's token from the attached chain: every llama.cpp getter waits for the device first, so
-    this read ends a decode's timed span in place of llama_synchronize (one wait, not two)."""
-    return llama_cpp.llama_get_sampled_token_ith(ctx, -1)

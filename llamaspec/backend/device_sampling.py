@@ -105,7 +105,7 @@ class DeviceSampling:
         if self._chain_kind != "sample":
             raise DecodeError("internal: eval_dists without a device sampler (set_device_sampler)")
         if len(tokens) == 1 and not self.n_pending:   # drafting: reading the draw waits for the device (the sync)
-            out = [self._sampled_dist(-1, self._decode_one(int(tokens[0]), sync=_last_draw))]
+            out = [self._sampled_dist(-1, self._decode_one(int(tokens[0]), sync=last_sampled_token))]
             n_rows = 1
         else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
             self._decode(tokens, rows)
@@ -197,8 +197,10 @@ class _Rows:
         return (self[i] for i in range(len(self._rows)))
 
 
-def _last_draw(ctx) -> int:
-    """The last output row's draw: as a decode's sync (a getter waits for the device first), it saves a wait."""
+def last_sampled_token(ctx) -> int:
+    """The last output row's token from the attached chain (greedy: its argmax; sampling: its draw). Every llama.cpp
+    getter waits for the device first, so this read can end a decode's timed span in place of llama_synchronize
+    (one wait, not two)."""
     return llama_cpp.llama_get_sampled_token_ith(ctx, -1)
 
 

@@ -81,7 +81,6 @@ class AutoPolicy(DraftPolicy):
         self._warm_checked = False    # a verdict of "no draft pays" from cold costs was measured again warm
         self._shadows = False         # the engine runs shadow probes (attach)
         self._shadow_costs: deque[float] = deque(maxlen=t.recent)
-        self._shadow_prior: float | None = None   # (calibrate) what a shadow probe should cost: 2 drafted tokens
         self._calibrated = False      # started from the costs measured at load
         self._after_prompt = 0        # passes left that run cold because a prompt ran (new_request)
 
@@ -102,8 +101,6 @@ class AutoPolicy(DraftPolicy):
         if not self._calibrated:
             self._calibrated = True
             self.model.calibrate(costs)
-            if costs.draft is not None:   # a shadow probe's cost, until plain_samples of them are measured
-                self._shadow_prior = 2.0 * costs.draft
 
     def new_request(self) -> None:
         t = self.tuning
@@ -231,15 +228,15 @@ class AutoPolicy(DraftPolicy):
     def _shadow_loss(self) -> float:
         """Seconds a shadow probe costs: as the recent ones took, else twice a drafted token (the token and its
         catch-up, one batch: on a GPU a batch of many tokens costs a small multiple of one)."""
-        costs, prior, n = self._shadow_costs, self._shadow_prior, self.tuning.plain_samples
-        if prior is not None and len(costs) < n:
-            # with the costs measured at load, the first probes are weighed against them (as the cost model's
-            # first passes are): one probe that paid once for something (a request's first decode with its sampler
-            # chain attached makes llama.cpp reserve its graphs) cannot price the next at hundreds of plain passes
-            return median([*costs, *[prior] * n])
-        if costs:
-            return median(costs)
-        return 2.0 * self.t_draft if self.t_draft is not None else 0.0
+        costs, n, t_draft = self._shadow_costs, self.tuning.plain_samples, self.t_draft
+        estimate = 2.0 * t_draft if t_draft is not None else 0.0
+        if self._calibrated and t_draft is not None and len(costs) < n:
+            # with the costs measured at load, the first probes are weighed against the estimate (as the cost
+            # model's first passes are): one probe that paid once for something (a request's first decode with its
+            # sampler chain attached makes llama.cpp reserve its graphs) cannot price the next at hundreds of plain
+            # passes
+            return median([*costs, *[estimate] * n])
+        return median(costs) if costs else estimate
 
     def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds, warm: bool) -> None:
         t, model = self.tuning, self.model
