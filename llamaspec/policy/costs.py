@@ -146,6 +146,9 @@ class CostModel:
         self.draft_cold = Timing()                   # ... cold steps (a probe's)
         self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
         self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
+        self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, warm_only -> its points,
+                                                     # until a pass is recorded
+        self._curve_len = 1                          # the longest verify_curve asked for: each is computed that long
 
     # -- learning -------------------------------------------------------------------------------------------
     def _size(self, n: int) -> None:
@@ -155,6 +158,7 @@ class CostModel:
 
     def record_pass(self, n: int, seconds: float) -> tuple[bool, float]:
         """A target pass over n tokens took `seconds`: (whether it ran warm, what it took beyond a warm one)."""
+        self._curves.clear()
         warm = n == self.last_n and self.run >= 2   # two steps of this size just before: no re-capture
         self.run = self.run + 1 if n == self.last_n else 1
         self.last_n = n
@@ -183,6 +187,7 @@ class CostModel:
     def calibrate(self, costs: Costs) -> None:
         """Start from the costs measured at load, each as if measured `plain_samples` times."""
         samples, decay = self.tuning.plain_samples, self.tuning.decay
+        self._curves.clear()
         for n, seconds in costs.verify.items():
             self._size(n)
             for _ in range(samples):
@@ -229,15 +234,34 @@ class CostModel:
         `optimistic` takes half the slope of the last two points instead: verify cost usually flattens, and the
         only way to learn that is to try a longer draft. With one size measured: a 10% cost per extra token above
         it, proportional below it. `warm_only`: sizes run only cold (a change of size every step) do not count where
-        a warm one was measured: a cold pass less a median switch cost can overstate a size no later pass corrects."""
+        a warm one was measured: a cold pass less a median switch cost can overstate a size no later pass corrects.
+        The list may run past n_max (one step's decisions ask it several times: it is kept until the next pass)."""
+        key = (optimistic, warm_only)
+        kept = self._curves.get(key)
+        if kept is not None and len(kept) > n_max:
+            return kept
+        self._curve_len = n_max = max(n_max, self._curve_len)
+        self._curves[key] = out = self._curve(n_max, optimistic, warm_only)
+        return out
+
+    def _points(self, warm_only: bool) -> tuple[list[int], list[float]]:
+        """The measured sizes and their times, made non-decreasing (kept until the next pass, as the curves are)."""
+        kept = self._curves.get(warm_only)
+        if kept is not None:
+            return kept
         xs = self.sizes
         if warm_only:
             xs = [x for x in xs if self.verify[x].samples] or xs
-        if not xs:
-            return []
         ys = [self.size_time(x) for x in xs]
         for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
             ys[i] = min(ys[i], ys[i + 1])
+        self._curves[warm_only] = xs, ys
+        return xs, ys
+
+    def _curve(self, n_max: int, optimistic: bool, warm_only: bool) -> list[float]:
+        xs, ys = self._points(warm_only)
+        if not xs:
+            return []
         out = [0.0] * (n_max + 1)
         if len(xs) == 1:
             x0, y0 = xs[0], ys[0]

@@ -382,6 +382,20 @@ def test_step_time_is_the_draft_plus_one_verification():
     assert block.step_time(2) == pytest.approx(0.3 + 1.4)   # one pass for the whole block
 
 
+def test_a_kept_verify_curve_is_dropped_when_a_pass_is_recorded():
+    # one step's decisions ask the curve several times and get one computation; the next pass must change it
+    model = _model({1: 1.0, 3: 1.4}, 0.1)
+    assert model.verify_time(5) == pytest.approx(1.8)
+    assert model.verify_curve(2, False)[5] == pytest.approx(1.8)   # the longest asked so far comes back
+    for _ in range(4):                                              # size 5 measured warm: 2.2, not the chord's 1.8
+        model.record_pass(5, 2.2)
+    assert model.verify_time(5) == pytest.approx(2.2)
+    assert model.verify_time(4) == pytest.approx(1.8)              # between 3 and 5 now
+    assert model.verify_time(7, optimistic=True) != model.verify_time(7)   # each flag its own curve
+    model.calibrate(Costs({1: 0.5, 3: 0.7}, 0.05, []))             # costs from load come in: dropped too
+    assert model.verify_time(1) < 1.0
+
+
 def test_speeds_pick_the_k_that_maximises_tokens_per_second():
     model = _model({n: 1.0 + 0.05 * (n - 1) for n in range(1, 12)}, 0.05)
     a = [0.0] + [0.7] * 10
