@@ -281,6 +281,24 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
     return list(results.values())
 
 
+def open_reach(target: str, draft: str | None, drafter: str, modes: list[str]) -> dict:
+    """{policy name: its longest draft} for the open-ended modes, as a user's load of this pair gives it: on a target
+    whose rollback is bounded by recurrent-state snapshots the drafter kind's reach (a longer draft would save a
+    checkpoint every step), else None (the policy's own default)."""
+    names = [m.partition(":")[0].removesuffix("+warm") for m in modes]
+    file_kind = spec_kind(read_model_info(draft)) if draft else None
+    target_info, kind = read_model_info(target), drafter_kind(file_kind or drafter)
+    return {name: snapshot_reach(LoadConfig(drafter=drafter, policy=name), target_info, kind).drafting.draft_max
+            for name in names if name not in ("plain", "fixed")}
+
+
+def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict):
+    """The policy a mode runs: plain is fixed k=0, fixed its k, the open-ended ones their reach (open_reach)."""
+    if name == "plain":
+        return make_policy("fixed", draft_max=0)
+    return make_policy(name, draft_max=k if name == "fixed" else reach.get(name), draft_p_min=p_min)
+
+
 def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_tokens) -> dict:
     """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
     synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
@@ -292,8 +310,7 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
             name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
             p_min = float(p_min) if p_min else None
             name, warm = name.removesuffix("+warm"), name.endswith("+warm")   # "auto+warm": see WARM_PROMPT
-            policy = make_policy("fixed", draft_max=0) if name == "plain" else \
-                make_policy(name, draft_max=k, draft_p_min=p_min)
+            policy = mode_policy(name, k, p_min, a.reach)
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
@@ -520,12 +537,8 @@ def main() -> None:
     # 1. llamaspec, every regime on one load; closed before the peers load the same files
     # a hybrid target keeps one recurrent-state snapshot per token of the longest draft any mode will ask for; the
     # open-ended modes reach as far as load_pair lets them on this target (loading.snapshot_reach)
-    names = [m.partition(":")[0].removesuffix("+warm") for m in modes]
-    file_kind = spec_kind(read_model_info(a.draft)) if a.draft else None
-    reach = snapshot_reach(LoadConfig(drafter=a.drafter), read_model_info(a.target),
-                           drafter_kind(file_kind or a.drafter)).drafting.draft_max
-    longest = max(ks + [make_policy(name, draft_max=reach).draft_max
-                        for name in names if name not in ("plain", "fixed")])
+    a.reach = open_reach(a.target, a.draft, a.drafter, modes)
+    longest = max(ks + [make_policy(name, draft_max=reach).draft_max for name, reach in a.reach.items()])
     pair = load_pair(a.target, a.draft, n_ctx=case.n_ctx, n_threads=a.threads, no_repack=a.no_repack,
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))
@@ -577,7 +590,9 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
              f"(peers: {a.spec_type})",
              f"- hardware: {hw}",
              f"- llamaspec: threads {a.threads}, flash attention {a.flash_attn}, context {case.n_ctx}, "
-             f"no_repack={a.no_repack}; ratios of sampled regimes are against plain decoding in the same regime",
+             f"no_repack={a.no_repack}; ratios of sampled regimes are against plain decoding in the same regime"
+             + "".join(f"; {name}'s longest draft {reach} (what a load of this target gives it)"
+                       for name, reach in getattr(a, "reach", {}).items() if reach is not None),
              *[f"- peer {v}" for v in versions],
              f"- {len(prompts)} prompts ({a.prompts}), "
              f"{'new tokens as given' if a.workload == 'mixed' else f'{a.tokens} new tokens each'}, one warm-up per "

@@ -219,11 +219,23 @@ def prepare_prompts(pair, prompts: Sequence[str], chat: bool = True) -> list[lis
     return out
 
 
+def open_reach(pair) -> int | None:
+    """The longest draft this pair verifies without saving a checkpoint every step: on a target whose rollback is
+    bounded by recurrent-state snapshots, the snapshots its load kept (one per draft token; a user's load of the
+    same pair gives `auto` that reach, loading.snapshot_reach), else None (no bound)."""
+    from ..gguf.recurrent import rollback_kind
+
+    if rollback_kind(pair.target.info) != "bounded":
+        return None
+    return pair.config.target.n_rs_seq or None
+
+
 def default_modes(pair, draft_max: int | None = None) -> list[Mode]:
-    """Plain, a fixed draft length and the auto policy."""
+    """Plain, a fixed draft length and the auto policy, each within the pair's reach (open_reach) unless given."""
     if not pair.speculative:
         return [PLAIN]
-    return [PLAIN, fixed_mode(draft_max or 4), policy_mode("auto")]
+    reach = open_reach(pair)
+    return [PLAIN, fixed_mode(draft_max or min(4, reach or 4)), policy_mode("auto", reach)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

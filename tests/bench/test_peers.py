@@ -199,3 +199,30 @@ def test_the_session_table_compares_auto_with_the_best_fixed_length_and_the_peer
     ratios = next(line for line in lines if line.startswith("- auto /"))
     assert "best fixed (fixed k=2): 1.10x" in ratios and "(k=2): 1.50x" in ratios and "autotune: 1.10x" in ratios
     assert not any("k=3 |" in line and "llama-server |" in line for line in lines)   # a peer that failed: no row
+
+
+def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
+    # a hybrid target keeps one recurrent-state snapshot per draft token; a user's load of it gives `auto` the
+    # drafter kind's reach (3 for an MTP head), and the benchmark's auto rows must run that policy, not auto's open 12
+    # (drafts past the reach save a checkpoint every step: the 27B's 6-token pass took 6.6 plain passes on the H200)
+    import subprocess
+    import sys
+
+    from benchmarks.synthetic import synth_mtp
+    from tests.support.gguf_crafted import tiny_llama
+
+    bench = _bench_engine()
+    hybrid = tmp_path / "hybrid-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(hybrid), "--preset", "tiny", "--header-only"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    modes = ["plain", "fixed", "auto", "auto+warm", "auto:p=0.5", "confidence"]
+    reach = bench.open_reach(str(hybrid), None, "mtp", modes)
+    assert reach == {"auto": 3, "confidence": 3}
+    assert bench.mode_policy("auto", None, 0.5, reach).draft_max == 3
+    assert bench.mode_policy("fixed", 2, None, reach).draft_max == 2
+    assert bench.mode_policy("plain", None, None, reach).draft_max == 0
+    plain_kv = tmp_path / "llama.gguf"   # a target whose memory drops rejected tokens itself: auto's own 12
+    plain_kv.write_bytes(tiny_llama().to_bytes())
+    open_kv = bench.open_reach(str(plain_kv), str(plain_kv), "model", ["auto"])
+    assert open_kv == {"auto": None} and bench.mode_policy("auto", None, None, open_kv).draft_max == 12

@@ -203,3 +203,31 @@ def test_ctrl_c_before_anything_was_measured_says_so(scripted):
     result = invoke_bench()
     assert result.exit_code == 130
     assert "interrupted before any prompt was measured in every mode" in result.stderr
+
+
+def test_on_a_hybrid_target_the_modes_stay_within_the_snapshots_its_load_kept(tmp_path):
+    # a hybrid's load keeps one recurrent-state snapshot per draft token (3 for an MTP head under auto); a mode
+    # drafting past them saves a checkpoint every step, which a user's own load of that policy would not
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from benchmarks.synthetic import synth_mtp
+    from llamaspec.gguf.reader import read_model_info
+
+    hybrid = tmp_path / "hybrid-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(hybrid), "--preset", "tiny", "--header-only"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    pair = SimpleNamespace(speculative=True, target=SimpleNamespace(info=read_model_info(hybrid)),
+                           config=SimpleNamespace(target=SimpleNamespace(n_rs_seq=3)))
+    assert bench.open_reach(pair) == 3
+    plain, fixed, auto = bench.default_modes(pair)
+    assert (fixed.draft_max, auto.make_policy().draft_max) == (3, 3)
+    assert bench.default_modes(pair, draft_max=2)[1].draft_max == 2          # a length given is the fixed one
+    assert [m.make_policy().draft_max for m in bench_cli.build_modes(pair, None, "auto,confidence", None)] == [3, 3]
+    assert bench_cli.build_modes(pair, None, "auto", 6)[0].make_policy().draft_max == 6
+    kv = SimpleNamespace(speculative=True, target=ScriptedModel("target"),   # a memory that drops tokens itself
+                         config=SimpleNamespace(target=SimpleNamespace(n_rs_seq=3)))
+    assert bench.open_reach(kv) is None
+    assert [m.draft_max for m in bench.default_modes(kv)] == [0, 4, None]
