@@ -146,8 +146,8 @@ class CostModel:
         self.draft_cold = Timing()                   # ... cold steps (a probe's)
         self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
         self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
-        self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, warm_only -> its points,
-                                                     # until a pass is recorded
+        self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, until a pass is recorded
+        self._drawn: dict = {}                       # warm_only -> the sizes and times the curves are drawn through
         self._curve_len = 1                          # the longest verify_curve asked for: each is computed that long
 
     # -- learning -------------------------------------------------------------------------------------------
@@ -159,6 +159,7 @@ class CostModel:
     def record_pass(self, n: int, seconds: float) -> tuple[bool, float]:
         """A target pass over n tokens took `seconds`: (whether it ran warm, what it took beyond a warm one)."""
         self._curves.clear()
+        self._drawn.clear()
         warm = n == self.last_n and self.run >= 2   # two steps of this size just before: no re-capture
         self.run = self.run + 1 if n == self.last_n else 1
         self.last_n = n
@@ -188,6 +189,7 @@ class CostModel:
         """Start from the costs measured at load, each as if measured `plain_samples` times."""
         samples, decay = self.tuning.plain_samples, self.tuning.decay
         self._curves.clear()
+        self._drawn.clear()
         for n, seconds in costs.verify.items():
             self._size(n)
             for _ in range(samples):
@@ -246,7 +248,7 @@ class CostModel:
 
     def _points(self, warm_only: bool) -> tuple[list[int], list[float]]:
         """The measured sizes and their times, made non-decreasing (kept until the next pass, as the curves are)."""
-        kept = self._curves.get(warm_only)
+        kept = self._drawn.get(warm_only)
         if kept is not None:
             return kept
         xs = self.sizes
@@ -255,7 +257,7 @@ class CostModel:
         ys = [self.size_time(x) for x in xs]
         for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
             ys[i] = min(ys[i], ys[i + 1])
-        self._curves[warm_only] = xs, ys
+        self._drawn[warm_only] = xs, ys
         return xs, ys
 
     def _curve(self, n_max: int, optimistic: bool, warm_only: bool) -> list[float]:
