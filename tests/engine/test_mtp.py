@@ -362,3 +362,25 @@ def test_the_synthetic_benchmark_model_agrees_at_its_stated_rate(tmp_path):
     assert c.tokens == expected
     per_pass = c.stats.tokens_generated / c.stats.target_passes
     assert abs(per_pass - (1 + 0.7 + 0.7 ** 2 + 0.7 ** 3)) < 0.45, per_pass
+
+
+@pytest.mark.parametrize("arch, reach", [("qwen35", 4), ("glm4moe", 12)])
+def test_a_policy_chosen_at_run_time_stays_within_the_snapshots_the_load_kept(model_dir, arch, reach):
+    # loaded with fixed k (4 snapshots on the hybrid), then chat's /policy auto or the server's PATCH: auto takes the
+    # snapshots as its longest draft, as a load with auto would give it; past them every draft saves a checkpoint.
+    # An attention-only target has no such bound (auto's own 12), and a length given is kept
+    import dataclasses
+
+    path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
+    try:
+        pair = load_pair(str(path), drafter="mtp", policy="fixed", **SETTINGS)
+    except UnsupportedModelError as e:
+        pytest.skip(f"speculation on this hybrid target needs bounded rollback: {e}")
+    with pair:
+        pair.set_drafting(dataclasses.replace(pair.config.drafting, policy="auto"))
+        assert pair.policy.name == "auto" and pair.policy.draft_max == reach
+        pair.set_drafting(dataclasses.replace(pair.config.drafting, policy="auto", draft_max=6))
+        assert pair.policy.draft_max == 6
+        pair.set_drafting(dataclasses.replace(pair.config.drafting, policy="fixed", draft_max=None))
+        assert pair.policy.draft_max == 4
+        assert pair.generate(PROMPT, max_tokens=8).stats.tokens_generated == 8
