@@ -15,7 +15,7 @@ from . import modes
 from .config import DraftSettings, LoadConfig
 from .drafters import Drafter
 from .errors import InvalidParameterError
-from .gguf.recurrent import rollback_kind
+from .gguf.recurrent import snapshot_bound
 from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
 from .policy.calibration import measure_costs
 from .sampling import OPENAI, SamplerConfig
@@ -88,11 +88,11 @@ class Pair:
         name replaces the current one, and `config.drafting` says so. Every change at run time comes here (chat's
         /k and /policy, the server's PATCH /admin/config); settings a policy refuses change nothing."""
         drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
-        if drafting.draft_max is None and drafting.policy != "fixed" and self.config.target.n_rs_seq and \
-                rollback_kind(self.target.info) == "bounded":
+        bound = snapshot_bound(self.target.info, self.config.target.n_rs_seq)
+        if drafting.draft_max is None and drafting.policy != "fixed" and bound:
             # an open-ended policy within the recurrent-state snapshots this load kept, as load_pair gives it
-            # (loading.snapshot_reach): past them every draft would save a checkpoint
-            drafting = dataclasses.replace(drafting, draft_max=self.config.target.n_rs_seq)
+            # (loading.snapshot_reach)
+            drafting = dataclasses.replace(drafting, draft_max=bound)
         self.set_policy(policy_for(drafting, self.target_ctx.n_batch))
         self.config = dataclasses.replace(self.config, drafting=drafting)
 

@@ -223,11 +223,9 @@ def open_reach(pair) -> int | None:
     """The longest draft this pair verifies without saving a checkpoint every step: on a target whose rollback is
     bounded by recurrent-state snapshots, the snapshots its load kept (one per draft token; a user's load of the
     same pair gives `auto` that reach, loading.snapshot_reach), else None (no bound)."""
-    from ..gguf.recurrent import rollback_kind
+    from ..gguf.recurrent import snapshot_bound
 
-    if rollback_kind(pair.target.info) != "bounded":
-        return None
-    return pair.config.target.n_rs_seq or None
+    return snapshot_bound(pair.target.info, pair.config.target.n_rs_seq)
 
 
 def default_modes(pair, draft_max: int | None = None) -> list[Mode]:
