@@ -15,7 +15,7 @@ from . import modes
 from .config import DraftSettings, LoadConfig
 from .drafters import Drafter
 from .errors import InvalidParameterError
-from .gguf.recurrent import snapshot_bound
+from .gguf.recurrent import rollback_kind
 from .policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy, policy_for
 from .policy.calibration import measure_costs
 from .sampling import OPENAI, SamplerConfig
@@ -24,6 +24,14 @@ from .slots import Completion, Engine, Slot, generate_batch, shadow_acceptance  
 from .stats import GenerationStats
 from .targets import LoneTarget, SharedTarget, batch_support  # noqa: F401
 from .text import Piece, StopMatcher  # noqa: F401  (re-exported)
+
+
+def snapshot_bound(pair) -> int | None:
+    """The longest draft this pair's target rolls back without a checkpoint: the recurrent-state snapshots its load
+    kept where its rollback is bounded by them (a longer draft saves a checkpoint every step), else None (no bound)."""
+    if rollback_kind(pair.target.info) != "bounded":
+        return None
+    return pair.config.target.n_rs_seq or None
 
 
 class Pair:
@@ -88,7 +96,7 @@ class Pair:
         name replaces the current one, and `config.drafting` says so. Every change at run time comes here (chat's
         /k and /policy, the server's PATCH /admin/config); settings a policy refuses change nothing."""
         drafting = dataclasses.replace(drafting, drafter=self.config.drafting.drafter)
-        bound = snapshot_bound(self.target.info, self.config.target.n_rs_seq)
+        bound = snapshot_bound(self)
         if drafting.draft_max is None and drafting.policy != "fixed" and bound:
             # an open-ended policy within the recurrent-state snapshots this load kept, as load_pair gives it
             # (loading.snapshot_reach)

@@ -223,9 +223,9 @@ def open_reach(pair) -> int | None:
     """The longest draft this pair verifies without saving a checkpoint every step: on a target whose rollback is
     bounded by recurrent-state snapshots, the snapshots its load kept (one per draft token; a user's load of the
     same pair gives `auto` that reach, loading.snapshot_reach), else None (no bound)."""
-    from ..gguf.recurrent import snapshot_bound
+    from ..engine import snapshot_bound
 
-    return snapshot_bound(pair.target.info, pair.config.target.n_rs_seq)
+    return snapshot_bound(pair)
 
 
 def default_modes(pair, draft_max: int | None = None) -> list[Mode]:

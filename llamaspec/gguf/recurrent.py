@@ -50,12 +50,6 @@ def rollback_kind(info: ModelInfo) -> str:
     return "bounded" if info.arch in RS_ROLLBACK_ARCHS else "checkpoint"
 
 
-def snapshot_bound(info: ModelInfo, n_rs_seq: int) -> int | None:
-    """The longest draft a load with `n_rs_seq` snapshots rolls back without a checkpoint: n_rs_seq where this model's
-    rollback is bounded by them (a longer draft saves a checkpoint every step), else None (no bound)."""
-    return (n_rs_seq or None) if rollback_kind(info) == "bounded" else None
-
-
 def describe_rollback(info: ModelInfo, draft: bool = False) -> str:
     """One line for `check` and `doctor`: how rejected draft tokens leave this model's memory."""
     kind = rollback_kind(info)
