@@ -281,22 +281,45 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
     return list(results.values())
 
 
+def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None]:
+    """"auto+warm:p=0:max=12" -> ("auto", True, 0.0, 12): the policy's name, whether one untimed request warms it
+    (WARM_PROMPT), its confidence stop p_min and its longest draft (max=N: past the snapshots the load keeps, each
+    longer draft saving a checkpoint; the load's snapshots stay what a user's load of this pair gives)."""
+    name, *options = mode.split(":")
+    p_min = draft_max = None
+    for option in options:
+        key, _, value = option.partition("=")
+        try:
+            if key == "p":
+                p_min = float(value)
+            elif key == "max":
+                draft_max = int(value)
+                if draft_max < 1:
+                    raise ValueError
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{mode!r}: options are p=NUMBER and max=N (N >= 1)") from None
+    return name.removesuffix("+warm"), name.endswith("+warm"), p_min, draft_max
+
+
 def open_reach(target: str, draft: str | None, drafter: str, modes: list[str]) -> dict:
     """{policy name: its longest draft} for the open-ended modes, as a user's load of this pair gives it: on a target
     whose rollback is bounded by recurrent-state snapshots the drafter kind's reach (a longer draft would save a
     checkpoint every step), else None (the policy's own default)."""
-    names = [m.partition(":")[0].removesuffix("+warm") for m in modes]
+    names = [parse_mode(m)[0] for m in modes]
     file_kind = spec_kind(read_model_info(draft)) if draft else None
     target_info, kind = read_model_info(target), drafter_kind(file_kind or drafter)
     return {name: snapshot_reach(LoadConfig(drafter=drafter, policy=name), target_info, kind).drafting.draft_max
             for name in names if name not in ("plain", "fixed")}
 
 
-def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict):
-    """The policy a mode runs: plain is fixed k=0, fixed its k, the open-ended ones their reach (open_reach)."""
+def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict, draft_max: int | None = None):
+    """The policy a mode runs: plain is fixed k=0, fixed its k, the open-ended ones their reach (open_reach) or the
+    longest draft the mode names (max=N)."""
     if name == "plain":
         return make_policy("fixed", draft_max=0)
-    return make_policy(name, draft_max=k if name == "fixed" else reach.get(name), draft_p_min=p_min)
+    return make_policy(name, draft_max=k if name == "fixed" else draft_max or reach.get(name), draft_p_min=p_min)
 
 
 def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_tokens) -> dict:
@@ -307,10 +330,8 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
         rows, states = [], []
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
         for mode, k in runs:
-            name, _, p_min = mode.partition(":p=")  # "auto:p=0": a policy with its confidence stop p_min set
-            p_min = float(p_min) if p_min else None
-            name, warm = name.removesuffix("+warm"), name.endswith("+warm")   # "auto+warm": see WARM_PROMPT
-            policy = mode_policy(name, k, p_min, a.reach)
+            name, warm, p_min, draft_max = parse_mode(mode)
+            policy = mode_policy(name, k, p_min, a.reach, draft_max)
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
@@ -452,7 +473,9 @@ def main() -> None:
                     help="llamaspec's (the peers keep their default: auto in llama.cpp, on in ik_llama.cpp)")
     ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and the peers")
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
-                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0); "
+                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0), NAME:max=N its "
+                         "longest draft (on a hybrid target past the snapshots a user's load keeps, which stay as "
+                         "they are: each longer draft saves a checkpoint); "
                          "NAME+warm (auto+warm) runs one untimed request first with the same policy object, as a "
                          "server or chat session keeps it between requests")
     ap.add_argument("--regimes", default="greedy,filters,temp",
@@ -498,11 +521,10 @@ def main() -> None:
         ap.error(f"--peers: choose from {', '.join(PEER_LABELS)}")
     modes = a.modes.split(",")
     for mode in modes:
-        if mode.partition(":p=")[2]:
-            try:
-                float(mode.partition(":p=")[2])
-            except ValueError:
-                ap.error(f"--modes: {mode!r}: p= needs a number")
+        try:
+            parse_mode(mode)
+        except ValueError as e:
+            ap.error(f"--modes: {e}")
     if "plain" not in modes:
         modes.insert(0, "plain")   # every ratio is against it
     a.synth = ()
@@ -544,7 +566,7 @@ def main() -> None:
                      drafter=a.drafter, n_rs_seq=max(longest, 1))
     try:
         if hasattr(pair, "warm_up") and pair.target_ctx.output_on_gpu:
-            pair.warm_up(longest)   # every draft length any mode will ask for
+            pair.warm_up(max([longest] + [parse_mode(m)[3] or 0 for m in modes]))   # every length a mode asks for
         if a.tree is not None:
             from llamaspec.tree import TreeSettings, enable_tree
 

@@ -223,6 +223,14 @@ def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
     assert bench.mode_policy("auto", None, 0.5, reach).draft_max == 3
     assert bench.mode_policy("fixed", 2, None, reach).draft_max == 2
     assert bench.mode_policy("plain", None, None, reach).draft_max == 0
+    # a mode that names its longest draft takes it (the load's snapshots stay the user's)
+    name, warm, p_min, longest = bench.parse_mode("auto+warm:p=0.5:max=12")
+    assert (name, warm, p_min, longest) == ("auto", True, 0.5, 12)
+    assert bench.mode_policy(name, None, p_min, reach, longest).draft_max == 12
+    assert bench.open_reach(str(hybrid), None, "mtp", ["auto:max=12"]) == {"auto": 3}
+    for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p="):
+        with pytest.raises(ValueError, match="options are"):
+            bench.parse_mode(bad)
     plain_kv = tmp_path / "llama.gguf"   # a target whose memory drops rejected tokens itself: auto's own 12
     plain_kv.write_bytes(tiny_llama().to_bytes())
     open_kv = bench.open_reach(str(plain_kv), str(plain_kv), "model", ["auto"])
