@@ -322,6 +322,23 @@ def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict, draf
     return make_policy(name, draft_max=k if name == "fixed" else draft_max or reach.get(name), draft_p_min=p_min)
 
 
+def warm_ups(pair, longest: int, modes: list[str]) -> dict:
+    """{warm-up length: the costs it measured}: the load's longest draft, and each max=N a mode names, as a load with
+    draft_max N would warm up (load_pair): each mode starts from what its own load measures (mode_costs)."""
+    out = {}
+    for n in sorted({longest} | {parse_mode(m)[3] for m in modes} - {None}):
+        pair.warm_up(n)
+        out[n] = pair.costs
+    return out
+
+
+def mode_costs(costs: dict, longest: int, draft_max: int | None):
+    """The costs a mode starts from: its own warm-up's (max=N), else the load's. A warm-up past the snapshots times
+    checkpointed passes, which the default's never does (on the H200 one to 12 on 3 snapshots read a 4-token pass as
+    2.4-2.7 plain passes, which ran at 1.55, and kept `auto` in that run from drafting 3)."""
+    return costs.get(draft_max or longest)
+
+
 def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_tokens) -> dict:
     """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
     synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
@@ -332,6 +349,8 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
         for mode, k in runs:
             name, warm, p_min, draft_max = parse_mode(mode)
             policy = mode_policy(name, k, p_min, a.reach, draft_max)
+            if getattr(a, "costs", None):
+                pair.costs = mode_costs(a.costs, a.longest, draft_max)
             label = f"fixed k={k}" if name == "fixed" else mode
             steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
             pair.set_policy(policy)
@@ -565,12 +584,14 @@ def main() -> None:
                      n_gpu_layers=a.ngl, policy="fixed", draft_max=ks[0], flash_attn=a.flash_attn,
                      drafter=a.drafter, n_rs_seq=max(longest, 1))
     try:
+        a.costs, a.longest = {}, longest
         if hasattr(pair, "warm_up") and pair.target_ctx.output_on_gpu:
-            pair.warm_up(max([longest] + [parse_mode(m)[3] or 0 for m in modes]))   # every length a mode asks for
+            a.costs = warm_ups(pair, longest, modes)
         if a.tree is not None:
             from llamaspec.tree import TreeSettings, enable_tree
 
             enable_tree(pair, TreeSettings(a.tree, a.tree_siblings))   # measures the verify costs it needs
+            a.costs = {}   # every mode starts from the tree's
         pair.generate("warm up", max_tokens=16)
         mine = run_llamaspec(pair, a, regimes, ks, modes, prompts, n_tokens)
         if a.tree is not None:

@@ -235,3 +235,23 @@ def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
     plain_kv.write_bytes(tiny_llama().to_bytes())
     open_kv = bench.open_reach(str(plain_kv), str(plain_kv), "model", ["auto"])
     assert open_kv == {"auto": None} and bench.mode_policy("auto", None, None, open_kv).draft_max == 12
+
+
+def test_each_mode_starts_from_the_costs_its_own_load_measures():
+    # a mode naming a longer draft warms up to it (as load_pair with that draft_max would); the other modes keep the
+    # costs of the load's own warm-up, which never runs a checkpointed pass
+    bench = _bench_engine()
+
+    class Pair:
+        costs, calls = None, []
+
+        def warm_up(self, n):
+            self.calls.append(n)
+            self.costs = f"costs to {n}"
+
+    pair = Pair()
+    costs = bench.warm_ups(pair, 3, ["plain", "fixed", "auto", "auto+warm:max=12", "auto:max=12"])
+    assert pair.calls == [3, 12]
+    assert bench.mode_costs(costs, 3, None) == "costs to 3"
+    assert bench.mode_costs(costs, 3, bench.parse_mode("auto+warm:max=12")[3]) == "costs to 12"
+    assert bench.warm_ups(Pair(), 5, ["auto:max=2", "auto"]) == {2: "costs to 2", 5: "costs to 5"}
