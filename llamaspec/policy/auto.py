@@ -19,7 +19,9 @@ token), its result (SHADOWED), or a REFRESH (a plain pass between drafted ones t
 Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost against
 plain decoding (its time and the drafter's estimated catch-up, minus tokens x t_verify(1)) or earns what it gained,
 up to `credit_steps` plain passes. Optimistic estimates need a positive credit; a probe needs credit for its cost, or
-waits until that cost is at most `loss_budget` of the plain time since the last probe.
+waits until that cost is at most `loss_budget` of the plain time since the last probe; a new request's shadow probes,
+while they are accepted, ask no credit where one costs at most `new_text_probe` plain passes (after a poor request
+the credit is spent, and waiting would cost the new text's start).
 A change of batch size costs on a GPU (llama.cpp re-captures its CUDA graph), so costs are learnt from warm steps,
 what a cold pass costs beyond them is charged to the credit, added to a probe's price and asked back by a change of k
 before it is made (`horizon` steps must repay it); without costs from load a new k is kept for three steps (its third
@@ -83,6 +85,7 @@ class AutoPolicy(DraftPolicy):
         self._shadow_costs: deque[float] = deque(maxlen=t.recent)
         self._calibrated = False      # started from the costs measured at load
         self._after_prompt = 0        # passes left that run cold because a prompt ran (new_request)
+        self._new_text = False        # a new request's shadow probes, while accepted, need no credit (new_text_probe)
 
     @property
     def k_start(self) -> int:
@@ -108,6 +111,7 @@ class AutoPolicy(DraftPolicy):
         self.accept.fade(t.request_fade)   # a new text: what the last one showed weighs less
         if self.phase is Phase.ON and not self._k and self.step is Step.ORDINARY and self._shadows:
             self._since_probe, self._probe_due = 0, 1   # plain: ask the new text with a shadow probe (credit allowing)
+            self._new_text = True
         self._after_prompt = 2   # the two passes after a prompt run cold with or without drafts: not charged
 
     def shadow_len(self) -> int:   # not in a request's first step: its first token waits
@@ -194,6 +198,8 @@ class AutoPolicy(DraftPolicy):
         loss = self._shadow_loss() if shadow else model.probe_loss(k, self._since_draft)
         earned = t.loss_budget * t_plain
         covered = max(self._credit, self._since_probe * earned)
+        if self._new_text and shadow and loss <= t.new_text_probe * t_plain:
+            covered = loss   # a new text's questions, while they are answered yes: cheap, and waiting costs its start
         if covered >= loss:
             if shadow:
                 self.step = Step.SHADOW
@@ -205,6 +211,7 @@ class AutoPolicy(DraftPolicy):
     def _after_shadow(self, accepted: float) -> None:
         """Decide after a shadow probe: with the costs unknown, measure them once acceptance looks worth it."""
         t = self.tuning
+        self._new_text = self._new_text and accepted >= t.accept_enough
         if self.model.t_draft is None:
             if self.acceptance(1) >= t.accept_enough:
                 self._k, self.step = t.k_start, Step.PROBE
@@ -240,6 +247,7 @@ class AutoPolicy(DraftPolicy):
 
     def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds, warm: bool) -> None:
         t, model = self.tuning, self.model
+        self._new_text = False
         # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
         # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
         counted = 1 if model.per_pass else drafted - 1 if self._since_draft >= 3 else drafted

@@ -21,6 +21,9 @@ class AutoTuning:
     credit_steps: int = 16              # the most plain passes of credit saved up: more allows bolder exploring
     initial_credit_steps: int = 2       # credit at the first plain pass, for learning the costs
     horizon: int = 16                   # steps in which a change of k must repay its cold passes
+    new_text_probe: float = 0.5         # a new request's shadow probes, while accepted, are taken at once (no credit
+                                        # asked) where one costs at most this many plain passes: higher asks a new
+                                        # text sooner after a poor one, pays more where drafts stay useless
     # -- estimating -----------------------------------------------------------------------------------------
     decay: float = 0.95                 # per-step weight of the past: lower follows changes faster, noisier
     stale_decay: float = 0.995          # decay of acceptance at positions not drafted: lower forgets them faster

@@ -558,6 +558,33 @@ def test_after_a_request_with_a_poor_draft_auto_drafts_again_soon_when_the_next_
     assert np.mean(ratios) >= 0.97 and np.mean(plain) <= 45, (ratios, plain)
 
 
+def test_after_a_poor_request_the_next_one_is_asked_at_its_first_plain_step():
+    """A request that agrees in long runs after one whose drafts failed (the H200's mixed sessions: the copy-heavy
+    edit after the prose): the failed drafting spent the credit, and a shadow probe waited until it cost 1% of the
+    plain time since the last one, 21 and 42 plain steps in two of 12 seeds (the H200 showed 22-25). A new request's
+    probes, while accepted and cheap (new_text_probe), ask no credit: at most 7 plain steps, and auto made 1.046x the
+    best fixed k against 1.041x; new_text_probe=0 brings the waits back."""
+    from support.policy_sim import MTP_RECORDED, GreedyRuns, simulate
+
+    good = GreedyRuns(0.95, 0.95)
+    session = [(good, 128), (0.1, 128), (good, 128)]
+
+    def waits(**tuning):
+        out = []
+        for seed in range(12):
+            policy, steps = AutoPolicy(draft_max=3, **tuning), []
+            update, new_request = policy.update, policy.new_request
+            policy.update = lambda drafted, *rest: (steps.append(drafted), update(drafted, *rest))
+            policy.new_request = lambda: (steps.append("|"), new_request())
+            simulate(policy, MTP_RECORDED, 0.0, session=session, seed=seed)
+            third = "".join(str(s) for s in steps).split("|")[3]
+            out.append(len(third) - len(third.lstrip("0")))   # plain steps before its first draft
+        return out
+
+    assert max(waits()) <= 8, waits()
+    assert max(waits(new_text_probe=0.0)) >= 20
+
+
 def test_a_new_request_fades_what_the_last_one_showed_without_moving_an_estimate():
     from llamaspec.policy.costs import Acceptance
     from llamaspec.policy.tuning import AutoTuning
