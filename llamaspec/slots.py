@@ -100,6 +100,7 @@ class Slot:
         self.decoder, self.matcher = codecs.getincrementaldecoder("utf-8")(errors="replace"), StopMatcher(stops)
         self.pieces, self.done, self.n_out, self.tokens, self.error = [], False, 0, [], None
         self.prefilled = False    # the prompt is in the caches and the drafter has begun
+        self.at_tail = False      # its turn checkpoint was saved TURN_TAIL tokens before its end (SharedTarget)
         self.from_model = False   # this step's draft (or probe) came from the draft model (SharedTarget)
         self.together = False     # the batch policy chose this step's draft length (policy/batch.py)
         self.t_start = time.perf_counter()

@@ -9,8 +9,8 @@
   the others for more than one chunk (alone, a batch per step). Verification reads host rows. Which pairs share a
   pass: `batch_support`.
 
-Both keep a slot's reusable past: a recurrent state's turn checkpoints at the end of each prompt and TURN_TAIL
-tokens before it, and a host-memory cache of saved slot states (backend/state_cache.py, the pair's `cache_ram`):
+Both keep a slot's reusable past: a recurrent state's turn checkpoint TURN_TAIL tokens before the end of each prompt
+(at its end where the cache held all but its last few tokens), and a host-memory cache of saved slot states (backend/state_cache.py, the pair's `cache_ram`):
 `open` saves what a slot holds before a request that keeps less than half of it, and restores the entry that
 serves the request further than the slot's own cache; `choose` prefers the slot that serves a prompt furthest,
 else an empty or the least recently used one.
@@ -39,11 +39,13 @@ DEFAULT_PREFILL_CHUNK = 128
 # a free slot is chosen for what its cache shares with a prompt when that is more than this fraction of the prompt
 # (llama-server's --slot-prompt-similarity); otherwise an empty slot, else the least recently used one
 SLOT_SIMILARITY = 0.1
-# A prompt's turn checkpoints (recurrent and hybrid targets): where its prefill ends, and this many tokens before
-# the prompt's end, where a chat template's generation prompt begins (`<|im_start|>assistant\n<think>\n`): the
-# next request re-renders the answer after `<|im_start|>assistant\n` without the `<think>` that the generation
-# prompt opened, so only a checkpoint before it serves that request (llama-server checkpoints 4 tokens before the
-# end for the same reason, server-context.cpp).
+# A prompt's turn checkpoint (recurrent and hybrid targets): this many tokens before the prompt's end, where a chat
+# template's generation prompt begins (`<|im_start|>assistant\n<think>\n`): the next request re-renders the answer
+# after `<|im_start|>assistant\n` without the `<think>` that the generation prompt opened, so only a checkpoint
+# before it serves that request (llama-server checkpoints 4 tokens before the end for the same reason,
+# server-context.cpp). Only that one: a later prompt that leaves this one's answer anywhere restarts there and
+# prefills three tokens more than from the prompt's very end, where a second checkpoint would copy the whole state
+# on every request and halve how many prompts back the kept ones reach.
 TURN_TAIL = 4
 
 
@@ -209,20 +211,24 @@ class LoneTarget:
         return self._scratch
 
     def prefill(self, slot: Slot) -> None:
-        """The whole prompt at once, then a turn checkpoint (a later prompt that leaves this one's answer, as a
-        chat template that re-renders it, restarts here) and the drafter's start."""
+        """The whole prompt at once with a turn checkpoint TURN_TAIL tokens before its end (a later prompt that
+        leaves this one's answer, as a chat template that re-renders it, restarts there), and the drafter's start.
+        One checkpoint a prompt: one at its very end would save a later prompt three tokens of a prefill it runs
+        anyway, for a copy of the whole recurrent state on every request (150 MiB for a 27B hybrid)."""
         # greedy needs argmaxes only: taken on the device where rows are verified; a pair that never drafts copies
         # its one row out instead (measured faster for single rows)
         self.ctx.set_device_argmax(slot.sampling is None and slot.shaper is None and self.drafter is not None)
         tail = len(slot.prompt) - TURN_TAIL - len(slot.history)   # prompt tokens before the tail's checkpoint
-        if self.recurrent_memory and 0 < tail < len(slot.todo):
+        at_tail = self.recurrent_memory and 0 < tail < len(slot.todo)
+        if at_tail:
             self.ctx.eval(slot.todo[:tail], logits="none")
             self.ctx.checkpoint(turn=True)
             slot.todo = slot.todo[tail:]   # (the history takes the whole prompt below)
             slot.history.extend(slot.prompt[len(slot.history):len(slot.history) + tail])
         if slot.todo:
             self.ctx.eval(slot.todo, logits="none")
-        self.ctx.checkpoint(turn=True)
+        if not at_tail:   # a prompt the cache held but for its last few tokens: its end
+            self.ctx.checkpoint(turn=True)
         slot.history.extend(slot.todo)
         slot.todo, slot.prefilled = [], True
         slot.hooks.new_request()
@@ -451,9 +457,11 @@ class SharedTarget:
             joining.history.extend(chunk)
             if self.recurrent and len(joining.history) == len(joining.prompt) - TURN_TAIL and joining.todo:
                 joining.seq.checkpoint_turn()   # where a template's generation prompt begins (TURN_TAIL)
-            if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts here
+                joining.at_tail = True
+            if not joining.todo:   # a turn boundary: a later prompt that leaves this one's answer restarts there
                 joining.prefilled = True
-                joining.seq.checkpoint_turn()
+                if not joining.at_tail:   # (one checkpoint a prompt: LoneTarget.prefill)
+                    joining.seq.checkpoint_turn()
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
         rows = self._rows[slot.index][:len(tokens)]

@@ -16,7 +16,7 @@ from support.mtp_models import make_mtp_model, split_mtp_head
 from support.near_tie import assert_same_or_near_tie
 from llamaspec import load_pair
 from llamaspec.backend.sequences import SharedContext, shared_like
-from llamaspec.targets import batch_support
+from llamaspec.targets import TURN_TAIL, batch_support
 from llamaspec.errors import InvalidParameterError, UnsupportedModelError
 from llamaspec.policy import FixedPolicy
 from llamaspec.sampling import SamplerConfig, filtered_probs
@@ -483,7 +483,8 @@ def test_a_hybrid_slot_comes_back_to_its_turn_checkpoint(arch_dir):
         p2 = p1 + [90, 91, 92, 93] + [7, 8, 9]   # not first[0].tokens: the client re-sends its own answer
         assert p2[len(p1):len(p1) + 4] != first[0].tokens[:4]
         again = p.generate_batch([p2, HYBRID_PROMPTS[1] + first[1].tokens + [3]], n_seq=2, max_tokens=8)
-        assert again[0].stats.prompt_tokens_cached == len(p1) - 1          # decoded again: only what follows it
+        # decoded again: only what follows the turn checkpoint, TURN_TAIL tokens before p1's end
+        assert again[0].stats.prompt_tokens_cached == len(p1) - TURN_TAIL
         assert again[1].stats.prompt_tokens_cached >= len(HYBRID_PROMPTS[1])
         engine = p._shared
         assert sum(s.seq.restored_tokens for s in engine.slots) > 0

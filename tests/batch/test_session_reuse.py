@@ -342,9 +342,9 @@ def agent_turn(rounds: int, asked: int) -> list[dict]:
 
 @pytest.mark.parametrize("n_seq", [1, 2])
 def test_a_new_user_message_after_many_tool_rounds_restarts_at_the_first_round(target, template, n_seq):
-    """Each round's prompt is a turn checkpoint (two: its end and TURN_TAIL before it); the one a new user message
-    needs is 2 x rounds checkpoints back, beyond the 4 this engine kept before (the default is now llama-server's
-    32: --ctx-checkpoints)."""
+    """Each round's prompt is a turn checkpoint (TURN_TAIL before its end); the one a new user message needs is
+    `rounds` checkpoints back, beyond the 4 this engine kept before (the default is now llama-server's 32:
+    --ctx-checkpoints)."""
     rounds = 6
     with load_pair(str(target), **SETTINGS) as p:
         engine = p.engine(n_seq, SETTINGS["n_ctx"] * n_seq)

@@ -27,6 +27,7 @@ from llamaspec.engine import Pair
 from llamaspec.errors import UnsupportedModelError
 from llamaspec.gguf.memory import Settings, kv_cache_bytes, model_memory
 from llamaspec.gguf.reader import read_model_info
+from llamaspec.targets import TURN_TAIL
 from llamaspec.gguf.recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_state_bytes, rollback_kind
 from llamaspec.kinds import KINDS
 from llamaspec.policy import AutoPolicy, FixedPolicy, make_policy
@@ -329,6 +330,27 @@ def test_plain_steps_are_never_undone_by_snapshots(pairs):
     continue_matches_fresh(pairs, pair, "qwen35", PROMPT + first[:5] + [(first[5] + 1) % 128])
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_a_prompt_saves_one_turn_checkpoint(pairs, arch):
+    """A recurrent state's turn checkpoint is a copy of the whole state (150 MiB for a 27B hybrid): one a prompt,
+    TURN_TAIL tokens before its end, where a re-rendered answer leaves it; one at its very end too would cost a
+    copy on every request to save a later prompt three tokens of its prefill. A prompt the cache held but for its
+    last few tokens saves its end."""
+    pair = pairs(arch, arch, 2)
+    pair.set_policy(FixedPolicy(2))
+    pair.reset()
+    turns = lambda: sorted(t.pos for t in pair.target_ctx.rollback._turns)   # noqa: E731
+    first = pair.generate(PROMPT, max_tokens=6).tokens
+    assert turns() == [len(PROMPT) - TURN_TAIL]
+    again = PROMPT + first + list(range(30, 40))   # extends what the cache holds: prefilled from there
+    second = pair.generate(again, max_tokens=6).tokens
+    assert turns() == [len(PROMPT) - TURN_TAIL, len(again) - TURN_TAIL]
+    last = again + second + [9]   # the cache holds all but its last token or two: its end is saved
+    pair.generate(last, max_tokens=4)
+    assert turns()[:2] == [len(PROMPT) - TURN_TAIL, len(again) - TURN_TAIL] and len(turns()) == 3
+    assert len(last) - TURN_TAIL < turns()[2] < len(last)
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next", "mamba2", "llama"])
 def test_later_turns_reuse_earlier_ones_and_equal_a_fresh_pair(pairs, arch):
     pair = pairs(arch, arch, 2)
@@ -342,7 +364,8 @@ def test_later_turns_reuse_earlier_ones_and_equal_a_fresh_pair(pairs, arch):
     # a prompt that leaves the first answer early: a recurrent memory restarts from the first prompt's end
     third_prompt = PROMPT + first.tokens[:4] + [(first.tokens[4] + 1) % 128]
     third = pair.generate(third_prompt, max_tokens=16)
-    reused = len(PROMPT) + 4 if KIND[arch] == "kv" else len(PROMPT) - 1
+    # (a recurrent memory's one turn checkpoint is TURN_TAIL tokens before the first prompt's end)
+    reused = len(PROMPT) + 4 if KIND[arch] == "kv" else len(PROMPT) - TURN_TAIL
     assert third.stats.prompt_tokens_cached == reused
     for prompt, got in ((second_prompt, second), (third_prompt, third)):
         pair.reset()
