@@ -22,7 +22,8 @@ class GenerationStats:
     time_total: float = 0.0
     time_to_first_token: float = 0.0
     time_in_decode: float = 0.0     # seconds spent inside llama_decode (both models), for the Python overhead
-    time_rollback: float = 0.0      # seconds rolling caches back: KV trims, recurrent-state checkpoints, restores
+    time_rollback: float = 0.0      # seconds rolling caches back while generating: KV trims, recurrent-state step
+    #                                 checkpoints, restores (the prompt's turn checkpoint is in time_prefill)
     tokens_replayed: int = 0        # tokens decoded again after a checkpoint restore (recurrent memories)
     shadow_probes: int = 0          # plain steps on which the drafter proposed a token only to be judged (auto)
     finish_reason: str | None = None

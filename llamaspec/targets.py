@@ -235,7 +235,9 @@ class LoneTarget:
         if self.drafter is not None:   # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(slot.history, slot.sampling, slot.policy.draft_p_min,
                                prefill=slot.policy.next_draft_len() > 0)
-        slot.decode_before = self._decode_seconds()
+        # the generation's own decode and rollback time from here: the prompt's checkpoint and any replay of a
+        # restored prefix are prompt processing (time_prefill), not a step's overhead (stats.python_overhead)
+        slot.decode_before, slot.rollback_before = self._decode_seconds(), self._rollback_totals()
 
     def draft(self, active: list[Slot], joining: Slot | None, lens: dict) -> tuple[dict, dict, int]:
         if not active:
