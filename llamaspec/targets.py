@@ -10,10 +10,10 @@
   pass: `batch_support`.
 
 Both keep a slot's reusable past: a recurrent state's turn checkpoint TURN_TAIL tokens before the end of each prompt
-(at its end where the cache held all but its last few tokens), and a host-memory cache of saved slot states (backend/state_cache.py, the pair's `cache_ram`):
-`open` saves what a slot holds before a request that keeps less than half of it, and restores the entry that
-serves the request further than the slot's own cache; `choose` prefers the slot that serves a prompt furthest,
-else an empty or the least recently used one.
+(at its end where the cache held all but its last few tokens), and a host-memory cache of saved slot states
+(backend/state_cache.py, the pair's `cache_ram`): `open` saves what a slot holds before a request that keeps less
+than half of it, and restores the entry that serves the request further than the slot's own cache; `choose` prefers
+the slot that serves a prompt furthest, else an empty or the least recently used one.
 """
 from __future__ import annotations
 

@@ -492,9 +492,9 @@ def main() -> None:
                     help="llamaspec's (the peers keep their default: auto in llama.cpp, on in ik_llama.cpp)")
     ap.add_argument("--k", default="5", help="draft lengths (comma-separated) of the fixed policy and the peers")
     ap.add_argument("--modes", default="plain,fixed,confidence,threshold,auto",
-                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0), NAME:max=N its "
-                         "longest draft (on a hybrid target past the snapshots a user's load keeps, which stay as "
-                         "they are: each longer draft saves a checkpoint); "
+                    help="policies to run; NAME:p=X sets that policy's confidence stop p_min (e.g. auto:p=0), "
+                         "NAME:max=N its longest draft (on a hybrid target past the snapshots a user's load keeps, "
+                         "which stay as they are: each longer draft saves a checkpoint); "
                          "NAME+warm (auto+warm) runs one untimed request first with the same policy object, as a "
                          "server or chat session keeps it between requests")
     ap.add_argument("--regimes", default="greedy,filters,temp",
