@@ -1,13 +1,16 @@
 """Profile the speculative step with cProfile: where the Python time goes besides llama.cpp's own work.
 
-    python benchmarks/probes/profile_step.py --target T.gguf --draft D.gguf [--policy fixed --k 4] [-n 256] [--temp 0]
-        [--top-k 40 --top-p 0.95 --min-p 0.05] [--repeat 3]
+    python benchmarks/probes/profile_step.py --target T.gguf (--draft D.gguf | --drafter mtp) [--policy fixed --k 4]
+        [-n 256] [--temp 0] [--top-k 40 --top-p 0.95 --min-p 0.05] [--repeat 3]
 
 Prints the generation's split (time inside llama_decode and the logits/argmax sync vs everything else), where the
 sampling filters ran (on the device or in numpy), and the functions with the most time of their own.
 `llama_decode` and the sync show up as ctypes calls; everything else is llamaspec's Python. --repeat runs the
 measured generation several times (the same seed) without the profiler and prints each one's Python ms per step
 (the profiler's own cost per call would count as Python's), then profiles one more run and prints its table.
+The pair is loaded with the policy and --k as its drafting settings, so a hybrid target keeps one recurrent-state
+snapshot per token of the longest draft (as a user's load with that draft length does); `--policy auto` without
+--k drafts as far as a user's default load lets it.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import io
 import pstats
 
 from llamaspec import load_pair
-from llamaspec.policy import make_policy
 
 
 def _count(least: int):
@@ -33,9 +35,11 @@ def _count(least: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--draft", help="draft GGUF (or --drafter)")
+    ap.add_argument("--drafter", help="a drafter instead of a draft model: mtp (the target's head), lookup, "
+                                      "lookup+mtp, eagle3, dflash (as load_pair's drafter)")
     ap.add_argument("--policy", default="fixed")
-    ap.add_argument("--k", type=_count(0), default=4)
+    ap.add_argument("--k", type=_count(0), default=None, help="draft length (fixed: 4 if not given)")
     ap.add_argument("-n", type=_count(1), default=256)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=0)
@@ -50,8 +54,14 @@ def main() -> None:
     ap.add_argument("--split", action="store_true",
                     help="one more run with every llama.cpp call outside the timed decode timed by name")
     a = ap.parse_args()
-    pair = load_pair(a.target, a.draft, n_ctx=2048, n_gpu_layers=a.ngl, n_threads=a.threads, no_repack=a.no_repack)
-    pair.set_policy(make_policy(a.policy, draft_max=a.k))
+    if not a.draft and not a.drafter:
+        ap.error("give --draft or --drafter")
+    if a.k is None and a.policy == "fixed":
+        a.k = 4
+    drafting = {name: value for name, value in (("drafter", a.drafter), ("draft_max", a.k)) if value is not None}
+    pair = load_pair(a.target, a.draft, policy=a.policy, n_ctx=2048, n_gpu_layers=a.ngl, n_threads=a.threads,
+                     no_repack=a.no_repack, **drafting)
+    print(f"{pair.drafter_kind} drafter, {a.policy} policy, longest draft {pair.policy.draft_max}")
     sampler = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=1)
     pair.generate(a.prompt, max_tokens=16, **sampler)  # warm-up
     where = "greedy" if not a.temp else \
