@@ -184,6 +184,7 @@ def test_greedy_speculation_equals_plain_decoding(pairs, target, draft, seed):
     pair.reset()
     for policy in (FixedPolicy(1), FixedPolicy(N_RS_SEQ), FixedPolicy(N_RS_SEQ + 3), make_policy("auto")):
         pair.set_policy(policy)
+        pair.reset()   # each from an empty cache: no replay of the prompt (its turn checkpoint is TURN_TAIL back)
         replayed_before = pair.target_ctx.replayed_tokens
         got = pair.generate(PROMPT, max_tokens=40)
         assert_same_or_near_tie(pairs, target, PROMPT, got.tokens, expected)
