@@ -103,6 +103,8 @@ class Slot:
         self.at_tail = False      # its turn checkpoint was saved TURN_TAIL tokens before its end (SharedTarget)
         self.from_model = False   # this step's draft (or probe) came from the draft model (SharedTarget)
         self.together = False     # the batch policy chose this step's draft length (policy/batch.py)
+        # the contexts' decode seconds and (rollback seconds, replayed tokens) when the prompt was done (its targets)
+        self.decode_before, self.rollback_before = None, (0.0, 0)
         self.t_start = time.perf_counter()
 
     @property

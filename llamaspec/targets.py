@@ -106,6 +106,17 @@ def shrink_own_contexts(pair) -> None:
 
 
 # -- where the sequences live ------------------------------------------------------------------------------------
+def _generation_times(slot: Slot, target) -> None:
+    """The slot's generation's time inside llama.cpp (decodes, rollbacks) and tokens replayed, from its targets'
+    contexts' counters since its prompt was done (`slot.decode_before`, set then); nothing if it ended before."""
+    if slot.decode_before is None:
+        return
+    stats, (seconds, replayed) = slot.stats, target._rollback_totals()
+    stats.time_in_decode = target._decode_seconds() - slot.decode_before
+    stats.time_rollback = seconds - slot.rollback_before[0]
+    stats.tokens_replayed = replayed - slot.rollback_before[1]
+
+
 class LoneTarget:
     """The pair's own target context and drafter, one slot (see the module docstring)."""
 
@@ -272,11 +283,7 @@ class LoneTarget:
         self.ctx.keep(len(slot.history))
         for ctx in self.drafter.contexts if self.drafter is not None else ():
             ctx.resync()
-        stats = slot.stats
-        stats.time_in_decode = self._decode_seconds() - getattr(slot, "decode_before", self._decode_seconds())
-        seconds, replayed = self._rollback_totals()
-        stats.time_rollback = seconds - slot.rollback_before[0]
-        stats.tokens_replayed = replayed - slot.rollback_before[1]
+        _generation_times(slot, self)
 
     def fail(self, slot: Slot) -> None:
         self.finish(slot)
@@ -464,6 +471,8 @@ class SharedTarget:
                 joining.prefilled = True
                 if not joining.at_tail:   # (one checkpoint a prompt: LoneTarget.prefill)
                     joining.seq.checkpoint_turn()
+                # the contexts' decode and rollback time from here is the slot's generation's (as LoneTarget.prefill)
+                joining.decode_before, joining.rollback_before = self._decode_seconds(), self._rollback_totals()
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
         rows = self._rows[slot.index][:len(tokens)]
@@ -474,7 +483,21 @@ class SharedTarget:
             slot.draft.accepted(n_accepted)
 
     def finish(self, slot: Slot) -> None:
-        pass   # the sequence keeps its history for a later prompt to reuse
+        """The sequence keeps its history for a later prompt to reuse. The slot's generation shared every pass with
+        the others: its time inside llama.cpp is the contexts' while it generated, so `python_overhead` is the share of
+        its steps (everyone's drafting, verifying and accepting) spent outside llama.cpp."""
+        _generation_times(slot, self)
+
+    def _contexts(self) -> tuple:
+        head = (self.mtp.ctx,) if self.mtp is not None else ()
+        return (self.ctx,) + ((self.draft_ctx,) if self.draft_ctx is not None else ()) + head
+
+    def _decode_seconds(self) -> float:
+        return sum(ctx.decode_seconds for ctx in self._contexts())
+
+    def _rollback_totals(self) -> tuple[float, int]:
+        contexts = self._contexts()
+        return sum(c.rollback_seconds for c in contexts), sum(c.replayed_tokens for c in contexts)
 
     def fail(self, slot: Slot) -> None:
         """A slot that failed mid-step starts over: its sequences may hold a half-done step."""

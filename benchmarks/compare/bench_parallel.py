@@ -61,7 +61,9 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
             phases = {"steps": steps, "draft_ms": 1e3 * draft / steps, "decode_ms": 1e3 * decode / steps,
                       "rest_ms": 1e3 * (after.total - before.total - draft - decode) / steps,
                       "outside_ms": 1e3 * (together_s - (after.total - before.total)) / steps,
-                      "policy": engine.policy.describe() if a.policy == "auto" else None}
+                      "policy": engine.policy.describe() if a.policy == "auto" else None,
+                      # the share of each stream's generation spent outside llama.cpp (its decodes and rollbacks)
+                      "python": sum(c.stats.python_overhead for c in together) / len(together)}
     one = sum(len(c.tokens) for c in alone) / alone_s
     per_stream = [len(c.tokens) / c.stats.time_total for c in together]
     return [{"engine": "llamaspec", "mode": "one stream at a time", "total_tps": one, "streams": 1,
@@ -127,7 +129,8 @@ def report(a, rows: list[dict]) -> str:
             ph = r["phases"]
             lines += ["", f"A batched step of llamaspec ({r['mode']}), mean of {ph['steps']} steps: drafting "
                       f"{ph['draft_ms']:.2f} ms, target decode {ph['decode_ms']:.2f} ms, the rest of the step "
-                      f"{ph['rest_ms']:.2f} ms; outside the steps (generate_batch's loop) {ph['outside_ms']:.2f} ms."]
+                      f"{ph['rest_ms']:.2f} ms; outside the steps (generate_batch's loop) {ph['outside_ms']:.2f} ms. Outside "
+                      f"llama.cpp (Python): {100 * ph['python']:.1f}% of a stream's generation, the streams' mean."]
             if ph["policy"]:
                 lines += ["", f"- {ph['policy']}"]
     lines += ["", "Commands:", "", f"    python {' '.join(sys.argv)}"]

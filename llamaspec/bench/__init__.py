@@ -219,20 +219,15 @@ def prepare_prompts(pair, prompts: Sequence[str], chat: bool = True) -> list[lis
     return out
 
 
-def open_reach(pair) -> int | None:
-    """The longest draft this pair verifies without saving a checkpoint every step: on a target whose rollback is
-    bounded by recurrent-state snapshots, the snapshots its load kept (one per draft token; a user's load of the
-    same pair gives `auto` that reach, loading.snapshot_reach), else None (no bound)."""
+def default_modes(pair, draft_max: int | None = None) -> list[Mode]:
+    """Plain, a fixed draft length and the auto policy, each within the pair's reach unless given: on a target whose
+    rollback is bounded by recurrent-state snapshots, the snapshots its load kept (engine.snapshot_bound; a user's
+    load of the same pair gives `auto` that reach, loading.snapshot_reach)."""
     from ..engine import snapshot_bound
 
-    return snapshot_bound(pair)
-
-
-def default_modes(pair, draft_max: int | None = None) -> list[Mode]:
-    """Plain, a fixed draft length and the auto policy, each within the pair's reach (open_reach) unless given."""
     if not pair.speculative:
         return [PLAIN]
-    reach = open_reach(pair)
+    reach = snapshot_bound(pair)
     return [PLAIN, fixed_mode(draft_max or min(4, reach or 4)), policy_mode("auto", reach)]
 
 

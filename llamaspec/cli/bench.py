@@ -90,11 +90,12 @@ def model_info(model) -> dict | None:
 
 def build_modes(pair, k_list: str | None, policies: str | None, draft_max: int | None):
     from .. import bench
+    from ..engine import snapshot_bound
 
     if k_list is None and policies is None:
         return bench.default_modes(pair, draft_max)
     modes = [bench.fixed_mode(k) for k in (bench.parse_k_list(k_list) if k_list else [])]
-    reach = draft_max if draft_max is not None else bench.open_reach(pair)   # as a load of this pair gives them
+    reach = draft_max if draft_max is not None else snapshot_bound(pair)   # as a load of this pair gives them
     modes += [bench.policy_mode(name, reach) for name in (bench.parse_policy_list(policies) if policies else [])]
     return modes
 

@@ -7,6 +7,8 @@ hybrid fallback, llama.cpp's tiny qwen35 (tests/support/arch_models.py; skipped 
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -49,6 +51,27 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert sum(c.stats.accepted for c in got) < sum(c.stats.drafted for c in got)   # and rolled back where rejected
     # one target pass per step for all four: fewer passes than the four runs alone took together
     assert pair._shared.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)
+
+
+def test_each_batched_reply_says_how_much_of_its_generation_ran_inside_llama_cpp(pair, monkeypatch):
+    """The shared passes' time inside llama.cpp is each slot's while it generates (python_overhead, the Python share
+    a benchmark reports for --parallel): every decode made slow here, the rest of a step is a small share of it."""
+    from llamaspec.backend.native import llama_cpp
+
+    decode = llama_cpp.llama_decode
+
+    def slow_decode(ctx, batch):
+        time.sleep(0.02)
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", slow_decode)
+    got = pair.generate_batch(PROMPTS[:3], max_tokens=12)
+    for c in got:
+        s = c.stats
+        generating = s.time_total - s.time_prefill
+        # every step of the slot's generation waited on at least one slow decode, and none before it counts
+        assert 0.02 * s.target_passes <= s.time_in_decode <= generating, (s.time_in_decode, generating)
+        assert s.python_overhead < 0.5, s.python_overhead
 
 
 @pytest.mark.slow

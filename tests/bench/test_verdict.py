@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from llamaspec import bench
 from llamaspec.cli import bench as bench_cli
 from llamaspec.cli import main
-from llamaspec.engine import Completion
+from llamaspec.engine import Completion, snapshot_bound
 from llamaspec.stats import GenerationStats
 
 TOKENS = 20
@@ -221,7 +221,7 @@ def test_on_a_hybrid_target_the_modes_stay_within_the_snapshots_its_load_kept(tm
     assert made.returncode == 0, made.stderr
     pair = SimpleNamespace(speculative=True, target=SimpleNamespace(info=read_model_info(hybrid)),
                            config=SimpleNamespace(target=SimpleNamespace(n_rs_seq=3)))
-    assert bench.open_reach(pair) == 3
+    assert snapshot_bound(pair) == 3
     plain, fixed, auto = bench.default_modes(pair)
     assert (fixed.draft_max, auto.make_policy().draft_max) == (3, 3)
     assert bench.default_modes(pair, draft_max=2)[1].draft_max == 2          # a length given is the fixed one
@@ -229,5 +229,5 @@ def test_on_a_hybrid_target_the_modes_stay_within_the_snapshots_its_load_kept(tm
     assert bench_cli.build_modes(pair, None, "auto", 6)[0].make_policy().draft_max == 6
     kv = SimpleNamespace(speculative=True, target=ScriptedModel("target"),   # a memory that drops tokens itself
                          config=SimpleNamespace(target=SimpleNamespace(n_rs_seq=3)))
-    assert bench.open_reach(kv) is None
+    assert snapshot_bound(kv) is None
     assert [m.draft_max for m in bench.default_modes(kv)] == [0, 4, None]
