@@ -43,7 +43,7 @@ class Verifier:
 
 def greedy() -> Verifier:
     def judge(argmax, history, tokens, drafted, draft_probs) -> Verdict:
-        n_accepted, token = accept_greedy(np.asarray(drafted, dtype=np.int64), np.asarray(argmax))
+        n_accepted, token = accept_greedy(drafted, argmax)
         return n_accepted, token, None
 
     return Verifier("argmax", judge)
@@ -52,7 +52,7 @@ def greedy() -> Verifier:
 def on_device(sampling: Sampling) -> Verifier:
     def judge(dists, history, tokens, drafted, draft_probs) -> Verdict:
         rows = dists.__getitem__
-        n_accepted, token = accept_rejection(np.asarray(drafted, dtype=np.int64), draft_probs, rows, sampling.rng)
+        n_accepted, token = accept_rejection(drafted, draft_probs, rows, sampling.rng)
         return n_accepted, token, rows
 
     return Verifier("dists", judge)
@@ -68,8 +68,7 @@ def in_numpy(sampling: Sampling, scratch: Callable[[int], np.ndarray]) -> Verifi
                 rows[i] = filter_logits(logits[i], sampling.config, out[i])
             return rows[i]
 
-        n_accepted, token = accept_rejection(np.asarray(drafted, dtype=np.int64), draft_probs, target_probs,
-                                             sampling.rng)
+        n_accepted, token = accept_rejection(drafted, draft_probs, target_probs, sampling.rng)
         return n_accepted, token, target_probs
 
     return Verifier("logits", judge)

@@ -13,19 +13,21 @@ import numpy as np
 from .sampling import Dist, _sample_dense, as_dist, sample
 
 
-def accept_greedy(draft_tokens: np.ndarray, target_argmax: np.ndarray) -> tuple[int, int]:
+def accept_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
     """Keep draft tokens while they equal the target's argmax; then the target's own token.
 
-    draft_tokens: (k,), target_argmax: (k+1,). Returns (n_accepted, next_token).
+    draft_tokens: (k,), target_argmax: (k+1,), lists or arrays (a draft is a few tokens: a loop, no arrays made).
+    Returns (n_accepted, next_token).
     """
     k = len(draft_tokens)
-    mismatch = np.flatnonzero(draft_tokens != target_argmax[:k])
-    n_accepted = int(mismatch[0]) if len(mismatch) else k
-    return n_accepted, int(target_argmax[n_accepted])
+    for i in range(k):
+        if draft_tokens[i] != target_argmax[i]:
+            return i, int(target_argmax[i])
+    return k, int(target_argmax[k])
 
 
 def accept_rejection(
-    draft_tokens: np.ndarray,
+    draft_tokens: Sequence[int],
     draft_probs: Sequence[Dist | np.ndarray] | np.ndarray | None,
     target_probs: Callable[[int], Dist | np.ndarray],
     rng: np.random.Generator,

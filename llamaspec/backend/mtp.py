@@ -173,7 +173,10 @@ class MTPContext(Context):
             self._logits_ptr = self._timed_decode(self._pair_batch, n, llama_cpp.llama_get_logits)   # waits
         else:
             self._timed_decode(self._pair_batch, n, llama_cpp.llama_synchronize)
-        self.tokens.extend(int(t) for t in tokens)
+        if n == 1:
+            self.tokens.append(int(tokens[0]))
+        else:
+            self.tokens.extend(int(t) for t in tokens)
 
     def last_logits(self) -> np.ndarray:
         """The logits row of the last decode's output entry (a view, valid until the next decode)."""

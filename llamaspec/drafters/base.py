@@ -69,11 +69,19 @@ class Drafter(abc.ABC):
         """Free what it holds."""
 
 
+_SHORT = 32
+
+
 def common_prefix_len(a, b, start: int = 0) -> int:
     """Length of the common prefix of two token sequences, assuming the first `start` tokens are known equal."""
     n = min(len(a), len(b))
     start = min(start, n)
     if start == n:
+        return n
+    if n - start <= _SHORT:   # a step's few tokens: a loop costs less than two arrays
+        for i in range(start, n):
+            if a[i] != b[i]:
+                return i
         return n
     x = np.asarray(a[start:n], dtype=np.int64)
     y = np.asarray(b[start:n], dtype=np.int64)

@@ -93,7 +93,7 @@ class SeqMTP:
             seq.clear()
             seq.tokens.extend([-1] * end)                   # -1: never decoded here, matches no token
             entries = [last] if last is not None else []
-            states = self.ring.states(np.array([end - 1]))
+            states = self.ring.states(end - 1, 1)
             if states is None:
                 states = np.zeros((1, self.ring.rows.shape[1]), dtype=np.float32)
             states = states[:len(entries)]

@@ -34,21 +34,33 @@ class HiddenRing:
     def __init__(self, rows: int, n_embd: int):
         self.rows = np.zeros((rows, n_embd), dtype=np.float32)
         self.pos = np.full(rows, -1, dtype=np.int64)
+        self._offsets = np.arange(rows, dtype=np.int64)
 
     def remember(self, rows: np.ndarray, first_position: int) -> None:
         n, size = len(rows), len(self.rows)
         start = first_position % size
         if start + n <= size:                   # the usual case: one slice, no index arrays
             self.rows[start:start + n] = rows
-            self.pos[start:start + n] = np.arange(first_position, first_position + n)
+            self.pos[start:start + n] = self._offsets[:n]
+            self.pos[start:start + n] += first_position
         else:
             slots = (first_position + np.arange(n)) % size
             self.rows[slots] = rows
             self.pos[slots] = first_position + np.arange(n)
 
-    def states(self, positions: np.ndarray) -> np.ndarray | None:
-        """The states at `positions` (zeros for position -1: none before the first), or None when one was lost."""
-        slots = positions % len(self.rows)
+    def states(self, first: int, n: int) -> np.ndarray | None:
+        """The states at positions first..first+n-1 (zeros for position -1: none before the first), or None when one
+        was lost. Where they lie in one stretch of the ring (every step's case) a view of it, valid until the ring
+        is next written; its reader copies it into a batch at once."""
+        size = len(self.rows)
+        start = first % size
+        if first >= 0 and start + n <= size:
+            held = self.pos[start:start + n]
+            if n == 1 and held[0] == first or (held - first == self._offsets[:n]).all():
+                return self.rows[start:start + n]
+            return None
+        positions = np.arange(first, first + n)
+        slots = positions % size
         known = (self.pos[slots] == positions) | (positions < 0)
         if not known.all():
             return None
@@ -65,6 +77,8 @@ class HiddenRing:
 
     def load(self, saved: dict) -> None:
         self.rows, self.pos = saved["ring_rows"], saved["ring_pos"]
+        if len(self._offsets) != len(self.rows):
+            self._offsets = np.arange(len(self.rows), dtype=np.int64)
 
     def pending(self, head, valid: int, tokens, end: int, last: int | None = None):
         """What a head's cache (`keep`, `n_past`: an MTP context, or one sequence of a shared one) lacks up to `end`,
@@ -76,7 +90,7 @@ class HiddenRing:
             head.keep(end)
         start = head.n_past
         entries = list(tokens[start:end]) + ([last] if last is not None else [])
-        return entries, self.states(np.arange(start - 1, start - 1 + len(entries)))
+        return entries, self.states(start - 1, len(entries))
 
 class MTPDrafter(Drafter):
     """Drafts with the MTP head of the target (a backend MTPContext, which knows its target context)."""
@@ -119,7 +133,7 @@ class MTPDrafter(Drafter):
         if states is None:                                  # lost: begin a fresh cache at `end`
             ctx.restart_at(end)
             entries = [last] if last is not None else []
-            states = self._ring.states(np.array([end - 1]))
+            states = self._ring.states(end - 1, 1)
             if not entries:
                 self._valid = end
                 return

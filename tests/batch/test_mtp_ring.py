@@ -27,3 +27,38 @@ def test_a_head_that_lost_its_ring_starts_over_and_the_output_is_unchanged(tmp_p
         assert [-1 in s.seq.tokens for s in heads] == [True, True, True, False]
         assert [c.tokens for c in got] == [c.tokens for c in expected]
         assert sum(c.stats.drafted for c in got) > 0 and sum(c.stats.accepted for c in got) > 0
+
+
+def test_the_ring_hands_back_the_states_it_holds_and_none_for_one_it_lost():
+    """What a head reads when it catches up: the states of a stretch of positions (a view of the ring where they lie
+    in one stretch of it, a copy across its end), zeros before the first position, None when a row was
+    overwritten by a later position (the head then starts over)."""
+    import numpy as np
+
+    ring = HiddenRing(8, 3)
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
+    ring.remember(rows[:6], 0)                                   # positions 0..5 at rows 0..5
+    assert np.array_equal(ring.states(2, 3), rows[2:5])
+    assert np.array_equal(ring.states(-1, 2), np.vstack([np.zeros(3), rows[0]]))   # none before position 0
+    ring.remember(rows[6:10], 6)                                  # 6..9: rows 6, 7, then 0, 1 (wrapped)
+    assert np.array_equal(ring.states(6, 4), rows[6:10])          # across the ring's end
+    assert ring.states(0, 1) is None and ring.states(1, 2) is None   # 0 and 1 were overwritten by 8 and 9
+    assert np.array_equal(ring.states(2, 4), rows[2:6])
+    ring.remember(rows[:1] + 100, 12)                             # position 12 takes row 4 from position 4
+    assert ring.states(3, 3) is None                               # a lost row in the middle of a stretch
+    assert np.array_equal(ring.states(12, 1), rows[:1] + 100)
+    assert ring.states(5, 0).shape == (0, 3)
+
+
+def test_a_common_prefix_is_the_same_short_or_long():
+    from llamaspec.drafters.base import common_prefix_len
+
+    import numpy as np
+
+    for n in (0, 1, 3, 31, 32, 33, 100):
+        a = list(range(n))
+        for cut in range(n + 1):
+            b = a[:cut] + [-5] + a[cut + 1:] if cut < n else a + [7]
+            assert common_prefix_len(a, b) == cut
+            assert common_prefix_len(np.array(a), b, start=min(cut, 2)) == cut
+    assert common_prefix_len([1, 2, 3], [1, 2]) == 2 and common_prefix_len([], [1]) == 0

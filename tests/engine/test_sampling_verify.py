@@ -13,6 +13,8 @@ def test_greedy_accepts_the_matching_prefix_then_the_targets_token():
     argmax = np.array([5, 6, 9, 8])
     assert accept_greedy(np.array([5, 6, 7]), argmax) == (2, 9)
     assert accept_greedy(np.array([4, 6, 9]), argmax) == (0, 5)
+    assert accept_greedy([5, 6, 7], [5, 6, 9, 1]) == (2, 9) and accept_greedy([5, 6], [5, 6, 3]) == (2, 3)
+    assert accept_greedy([], np.array([8])) == (0, 8)   # a plain step: the target's own token
 
 
 def test_greedy_all_accepted_takes_the_bonus_token():
