@@ -351,14 +351,22 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     return _sample_dense(probs, rng)[0]
 
 
-def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, float]:
+def _sample_dense(probs: np.ndarray, rng: np.random.Generator, scale: float = 1.0, at: np.ndarray | None = None,
+                  values: np.ndarray | None = None) -> tuple[int, float]:
     """One id drawn from a non-negative vector, and the vector's sum; (-1, 0.0) when the vector is all zeros.
 
     Inverse-CDF sampling in two levels: pick a block of 1024 ids by the blocks' masses, then the id inside it.
     A cumulative sum over the whole vocabulary is sequential (about 2 ms for 152k ids on a slow core); block sums
     vectorise, and only one block needs a cumulative sum (0.1 ms). Ids of probability 0 are never drawn.
+    With `at` (distinct ids) the vector is `scale * probs` but `values` at those ids: a residual that is the
+    target's row but at a draft's few candidates, drawn with no vector of the vocabulary's size written (the block
+    sums of probs, corrected at those ids, then the one block the draw falls in).
     """
     n = probs.shape[0]
+    if at is not None and n <= 4 * _SAMPLE_BLOCK:
+        probs = probs * np.float64(scale)
+        probs[at] = values
+        at = None
     if n <= 4 * _SAMPLE_BLOCK:
         cdf = np.cumsum(probs, dtype=np.float64)
         if cdf[-1] <= 0.0:
@@ -368,6 +376,10 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, flo
     sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
     if n_full < n:
         sums = np.append(sums, probs[n_full:].sum(dtype=np.float64))
+    if at is not None:
+        sums *= scale
+        np.add.at(sums, at // _SAMPLE_BLOCK, values - probs[at] * np.float64(scale))
+        np.maximum(sums, 0.0, out=sums)   # (a block of those ids alone: rounding may leave it a hair below 0)
     cdf = np.cumsum(sums)
     if cdf[-1] <= 0.0:
         return -1, 0.0
@@ -377,7 +389,13 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator) -> tuple[int, flo
         b -= 1
     lo = b * _SAMPLE_BLOCK
     block = probs[lo:lo + _SAMPLE_BLOCK]
+    if at is not None:
+        block = block * np.float64(scale)
+        here = (at >= lo) & (at < lo + len(block))
+        block[at[here] - lo] = values[here]
     inner = np.cumsum(block, dtype=np.float64)
+    if inner[-1] <= 0.0:   # a block whose corrected sum only rounding kept above 0: nothing to draw here
+        return -1, 0.0
     return lo + _first_above(inner, u - (cdf[b - 1] if b else 0.0), block), float(cdf[-1])
 
 

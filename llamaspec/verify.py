@@ -64,7 +64,14 @@ def sample_residual(p: Dist, q: Dist, rng: np.random.Generator) -> int:
     if p.ids is not None:
         return sample(residual(p, q), rng)
     # dense: the sampler's pass over the residual gives its mass too, so no pass of its own asks whether it vanished
-    token, _ = _sample_dense(_dense_residual(p, q), rng)
+    if q.ids is not None:   # a draft's few candidates: the residual is p but at their ids, drawn without building it
+        inside = q.ids < len(p.weights)
+        ids = q.ids[inside]
+        p_at = p.weights[ids] * np.float64(1.0 / p.total)
+        token, _ = _sample_dense(p.weights, rng, 1.0 / p.total, ids,
+                                 np.maximum(p_at - q.weights[inside] * np.float64(1.0 / q.total), 0.0))
+    else:
+        token, _ = _sample_dense(_dense_residual(p, q), rng)
     return token if token >= 0 else sample(Dist(None, p.weights, p.total), rng)
 
 

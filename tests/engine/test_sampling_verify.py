@@ -362,7 +362,14 @@ def _residual_cases(n: int = 5000):
     yield p, row(size=n - 300)                               # a draft vocabulary shorter than the target's
     yield row(size=n - 300), row()                           # ... or longer
     ids = rng.choice(n, 40, replace=False)
-    yield p, Dist(ids, rng.random(40).astype(np.float32))   # a sparse q
+    yield p, Dist(ids, rng.random(40).astype(np.float32))   # a sparse q (a draft's candidates on the device)
+    peaked = np.full(n, 1e-6, dtype=np.float32)               # p's mass on q's ids, some of it above q there
+    peaked[ids[:10]] = rng.random(10).astype(np.float32)
+    q_over = rng.random(40).astype(np.float32)
+    yield Dist(None, peaked / peaked.sum(dtype=np.float64)), Dist(ids, q_over)
+    yield Dist(None, peaked), Dist(ids, q_over * np.float32(3.0))   # neither normalised
+    beyond = np.concatenate([ids[:30], n + np.arange(10)])      # a draft vocabulary longer than the target's
+    yield p, Dist(beyond, rng.random(40).astype(np.float32))
     yield p, Dist(None, p.weights.copy(), 1.0)               # p == q: the residual vanishes
 
 
@@ -376,6 +383,36 @@ def test_the_dense_residual_equals_the_formula_to_the_bit():
         assert got.total == want.total
         if want.weights is not p.weights:   # it did not vanish
             assert np.array_equal(_dense_residual(p, q), want.weights)
+
+
+def test_a_sparse_drafts_residual_over_a_dense_row_is_drawn_without_building_it(monkeypatch):
+    """A target row of the whole vocabulary (temperature only on the device) and a draft of a few candidates: the
+    residual differs from p only at the draft's ids, so it is drawn from p's block sums corrected there, with no
+    vector of the vocabulary's size written; the draws follow normalize(max(0, p - q))."""
+    import llamaspec.verify as verify
+    from llamaspec.verify import sample_residual
+
+    monkeypatch.setattr(verify, "_dense_residual", lambda p, q: pytest.fail("built the dense residual"))
+    n, rng = 6000, np.random.default_rng(5)
+    p = np.full(n, 0.2 / (n - 6), dtype=np.float32)        # 80% of p on six ids, in two blocks (0-1023, 5120-)
+    heavy = np.array([3, 7, 900, 5200, 5201, 5999])
+    p[heavy] = [0.3, 0.2, 0.1, 0.1, 0.05, 0.05]
+    ids = np.array([3, 7, 900, 5200, 11, 5998])            # q covers four of them, two heavier than p
+    q = np.array([0.5, 0.1, 0.1, 0.25, 0.03, 0.02], dtype=np.float32)
+    want = np.maximum(p.astype(np.float64) - np.bincount(ids, q, n), 0.0)
+    draws = np.zeros(n)
+    for _ in range(20000):
+        draws[sample_residual(Dist(None, p, 1.0), Dist(ids, q, 1.0), rng)] += 1
+    groups = [[3], [7], [900], [5200], [5201], [5999], [11, 5998]]   # the ids that matter, and the rest together
+    rest = np.setdiff1d(np.arange(n), np.concatenate(groups))
+    assert_follows(np.array([draws[g].sum() for g in groups] + [draws[rest].sum()]).astype(int),
+                   np.array([want[g].sum() for g in groups] + [want[rest].sum()]) / want.sum())
+    assert draws[3] == 0 and draws[900] == 0                 # where q >= p the residual is 0
+    # p equal to q on q's ids and nothing elsewhere: no residual, so p is drawn (as a vanished residual is)
+    only = np.zeros(n, dtype=np.float32)
+    only[ids] = q
+    for seed in range(20):
+        assert sample_residual(Dist(None, only, 1.0), Dist(ids, q, 1.0), np.random.default_rng(seed)) in ids
 
 
 def test_sample_residual_draws_what_sampling_the_formula_draws():
