@@ -182,11 +182,12 @@ class Dist:
     Weights may be views into llama.cpp's buffers: `copy` what must outlive the next decode.
     """
 
-    __slots__ = ("ids", "weights", "_total", "peak", "draw")
+    __slots__ = ("ids", "weights", "_total", "peak", "draw", "_known")
 
     def __init__(self, ids: np.ndarray | None, weights: np.ndarray, total: float | None = None,
                  peak: float | None = None, draw: int = -1):
         self.ids, self.weights, self._total, self.peak, self.draw = ids, weights, total, peak, draw
+        self._known = (-1, 0.0)   # a sparse row's last prob(token) (a draft token's q(x) is asked twice a step)
 
     @property
     def total(self) -> float:
@@ -197,11 +198,15 @@ class Dist:
     def prob(self, token: int) -> float:
         if self.ids is None:
             weight = self.weights[token] if token < len(self.weights) else 0.0
-        else:   # a few candidates: one compare, its first match (argmax of booleans), no index array
-            hit = self.ids == token
-            j = hit.argmax() if len(hit) else -1
-            weight = self.weights[j] if j >= 0 and hit[j] else 0.0
-        return float(weight) / self.total
+            return float(weight) / self.total
+        if self._known[0] == token:
+            return self._known[1]
+        # a few candidates: one compare, its first match (argmax of booleans), no index array
+        hit = self.ids == token
+        j = hit.argmax() if len(hit) else -1
+        weight = self.weights[j] if j >= 0 and hit[j] else 0.0
+        self._known = (token, float(weight) / self.total)
+        return self._known[1]
 
     def probs_at(self, tokens: np.ndarray) -> np.ndarray:
         """The probabilities of many token ids (float64), e.g. q over p's support for the residual."""

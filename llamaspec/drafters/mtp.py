@@ -179,9 +179,9 @@ class MTPDrafter(Drafter):
                 if output == "dist":                    # q and the device's draw from it
                     q = ctx.last_dist()
                     token = q.draw
+                    q = q.copy(into=rows[i])            # outlives the next decode
                     if q.prob(token) <= 0:              # rounding on the device: a draw q gives no mass
                         break
-                    q = q.copy(into=rows[i])            # outlives the next decode
                 else:
                     q = filter_logits(ctx.last_logits(), sampling.config, rows[i])
                     token = sample(q, sampling.rng)
