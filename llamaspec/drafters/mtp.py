@@ -56,7 +56,7 @@ class HiddenRing:
         start = first % size
         if first >= 0 and start + n <= size:
             held = self.pos[start:start + n]
-            if n == 1 and held[0] == first or (held - first == self._offsets[:n]).all():
+            if (held[0] == first) if n == 1 else (held - first == self._offsets[:n]).all():
                 return self.rows[start:start + n]
             return None
         positions = np.arange(first, first + n)
