@@ -1,10 +1,13 @@
 """Several streams at once: N requests decoded together (Pair.generate_batch: one target pass verifies every
 stream's draft) against one stream at a time (Pair.generate), and against llama.cpp's llama-server with -np N and
 the same drafter (N concurrent requests; its own default flags plus what the case needs, as peers.py builds them).
-Prints a markdown report (also written to --out) with every command; greedy.
+Prints a markdown report (also written to --out) with every command; greedy, or one of bench_engine's sampled
+regimes (--regime filters: T with llama.cpp's default filters on both sides; temp: temperature only), each stream
+its own seed.
 
     python benchmarks/compare/bench_parallel.py --target T.gguf --draft D.gguf [--streams 4] [--k 4] \
-        [--tokens 128] [--policy fixed|auto] [--tools DIR] [--out results.md]
+        [--tokens 128] [--policy fixed|auto] [--regime greedy|filters|temp] [--temperature 0.8] [--tools DIR]
+        [--out results.md]
     python benchmarks/compare/bench_parallel.py --target T-with-MTP.gguf --drafter mtp ...
 
 Figures: total tok/s (all streams' tokens over the wall time), each stream's tok/s (its tokens over its own time),
@@ -42,17 +45,19 @@ from llamaspec.kinds import KINDS  # noqa: E402
 def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
     settings = dict(n_ctx=a.ctx, n_gpu_layers=a.ngl, policy=a.policy, draft_max=a.k, no_repack=a.no_repack or None,
                     drafter=a.drafter)
+    # each stream its own seed, the same alone and together
+    requests = [dict(max_tokens=a.tokens, seed=i + 1, **a.regime.llamaspec_kwargs()) for i in range(len(prompts))]
     with load_pair(a.target, a.draft, **settings) as pair:
         why = batch_support(pair)   # None: one target pass for all streams; else they run one after another
-        pair.generate("warm up", max_tokens=8)
-        pair.generate_batch(["warm up"] * len(prompts), max_tokens=8)
+        pair.generate("warm up", **(requests[0] | {"max_tokens": 8}))
+        pair.generate_batch(["warm up"] * len(prompts), requests=[r | {"max_tokens": 8} for r in requests])
         t0 = time.perf_counter()
-        alone = [pair.generate(p, max_tokens=a.tokens) for p in prompts]
+        alone = [pair.generate(p, **r) for p, r in zip(prompts, requests)]
         alone_s = time.perf_counter() - t0
         engine = pair.engine(len(prompts), a.ctx * len(prompts)) if why is None else None
         before = dataclasses.replace(engine.times) if engine is not None else None
         t0 = time.perf_counter()
-        together = pair.generate_batch(prompts, max_tokens=a.tokens)
+        together = pair.generate_batch(prompts, requests=requests)
         together_s = time.perf_counter() - t0
         phases = None
         if engine is not None and pair._shared is engine:
@@ -91,7 +96,7 @@ def server_rows(a, prompts: list[str]) -> list[dict]:
     case = peers.Case(a.target, a.draft, spec_type, a.ctx * len(prompts), a.ngl, a.no_repack)
     port = peers.free_port()
     cmd = peers.server_cmd(exe, case, a.k, port) + ["-np", str(len(prompts))]
-    body = [peers.request_body(peers.Regime("greedy", 0.0), p, a.tokens) for p in prompts]
+    body = [peers.request_body(a.regime, p, a.tokens) for p in prompts]   # (its default: a random seed)
     with tempfile.TemporaryDirectory() as tmp, peers.PeerServer(cmd, port, Path(tmp) / "server.log") as server:
         server.complete(body[0] | {"n_predict": 8})
         t0 = time.perf_counter()
@@ -114,7 +119,8 @@ def report(a, rows: list[dict]) -> str:
     policy = "auto, the longest" if a.policy == "auto" else "fixed"
     drafter = Path(a.draft).name if a.draft else "no draft" if a.drafter == "model" else f"drafter {a.drafter}"
     lines = [f"# Parallel streams: {Path(a.target).name} + {drafter}",
-             "", f"Hardware: {hardware()}. Greedy, draft length {a.k} ({policy}), {a.tokens} tokens per stream.", "",
+             "", f"Hardware: {hardware()}. {a.regime.describe()[:1].upper()}{a.regime.describe()[1:]}, draft length "
+             f"{a.k} ({policy}), {a.tokens} tokens per stream.", "",
              "| engine | mode | total tok/s | per stream tok/s | vs one stream | tokens/pass |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
@@ -153,8 +159,14 @@ def main() -> None:
     p.add_argument("--ngl", type=int, default=-1)
     p.add_argument("--no-repack", action="store_true")
     p.add_argument("--tools", help="llama.cpp's bin folder (llama-server)")
+    p.add_argument("--regime", default="greedy", choices=peers.REGIME_NAMES,
+                   help="greedy; filters: --temperature with llama.cpp's default filters; temp: temperature only")
+    p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--out")
     a = p.parse_args()
+    if a.regime != "greedy" and not 0 < a.temperature <= 2:
+        p.error(f"--temperature must be in (0, 2], got {a.temperature}")
+    a.regime = peers.parse_regimes(a.regime, a.temperature)[0]
     prompts = [(CODE + PROSE)[i % 8] for i in range(a.streams)]
     try:
         text = report(a, llamaspec_rows(a, prompts) + server_rows(a, prompts))
