@@ -54,8 +54,9 @@ def sample_residual(p: Dist, q: Dist, rng: np.random.Generator) -> int:
     """A token from normalize(max(0, p - q)), after a rejection at p's row. Where p carries a draw of its own (the
     device's sampler drew y ~ p, independently of the rejection), y is kept with chance max(0, p(y) - q(y)) / p(y):
     y then has the residual's distribution, with total chance Z = sum max(0, p - q); otherwise the residual is
-    built and sampled in full. Together: exactly the residual (Z of it one way, 1 - Z the other), and the vocabulary
-    passes of building it are skipped in Z of the rejections, most of them where p and q disagree."""
+    sampled in full (a dense p with a sparse q: drawn from p's block sums corrected at q's ids, never built).
+    Together: exactly the residual (Z of it one way, 1 - Z the other), and the vocabulary passes of building it are
+    skipped in Z of the rejections, most of them where p and q disagree."""
     y, p.draw = p.draw, -1
     if y >= 0:
         py = p.prob(y)
