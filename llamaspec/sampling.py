@@ -28,7 +28,8 @@ from .errors import InvalidParameterError
 # top-p first looks for the nucleus among this many best candidates before sorting the whole vocabulary.
 _NUCLEUS_CANDIDATES = 256
 
-# A drafter filtering on the device draws from at most this many candidates (draft_filters)
+# A drafter filtering on the device, or drafting for a slot of the batch engine, draws from at most this many
+# candidates (draft_filters)
 DRAFT_TOP_K = 64
 
 OPENAI, LLAMA_CPP = "openai", "llama.cpp"
@@ -72,11 +73,14 @@ def validate_sampler(temperature, top_k, top_p, min_p, seed, order=OPENAI) -> No
 
 
 def draft_filters(cfg: SamplerConfig) -> SamplerConfig:
-    """The filters of a drafter's rows on the device: the request's, cut to the DRAFT_TOP_K best candidates.
+    """The filters of a drafter's rows on the device (and of the batch engine's drafters, in numpy): the request's,
+    cut to the DRAFT_TOP_K best candidates.
     Rejection sampling is exact with whatever distribution q the draft token is drawn from (q is what the test
     reads), so the cut changes acceptance only (0.01% on the real pair at T=0.8: benchmarks/probes/draft_top_k.py),
     while a row with nothing cut (temperature only, min-p alone) would come back dense: a vocabulary of floats
-    copied out of llama.cpp's buffer for every drafted token. Filters that already keep fewer are left alone."""
+    copied out of llama.cpp's buffer for every drafted token (in numpy: exponentiated, summed and drawn from; cut, one
+    threshold pass, and a rejection's residual needs no pass of its own). Filters that already keep fewer are left
+    alone."""
     return cfg if 0 < cfg.top_k <= DRAFT_TOP_K else replace(cfg, top_k=DRAFT_TOP_K)
 
 

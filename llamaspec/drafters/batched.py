@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampling import Sampling, filter_logits, max_prob, sample
+from ..sampling import Sampling, draft_filters, filter_logits, max_prob, sample
 from .base import Draft, ProbsBuffer, common_prefix_len
 
 
@@ -31,6 +31,7 @@ class SeqDraft:
         self._known_equal = 0
         self._base = 0
         self.sampling: Sampling | None = None
+        self._filters = None   # the request's filters cut to the draft's best candidates (draft_filters)
         self.pending: list[int] = []   # prompt tokens still to decode, a chunk per step (prefill_chunk)
         self._probs = ProbsBuffer(max(n_vocab_target, self.n_vocab))
         self._scratch = np.empty(self.n_vocab, dtype=np.float32)
@@ -38,6 +39,7 @@ class SeqDraft:
     def begin(self, history: list[int], sampling: Sampling | None) -> None:
         """A new request on this sequence: reuse the common prefix, decode the rest of `history` in chunks."""
         self.sampling, self._known_equal, self.offset = sampling, 0, 0
+        self._filters = draft_filters(sampling.config) if sampling is not None else None
         self.pending = self._align(history, extra=1, limit=None)
 
     def save_state(self):
@@ -90,7 +92,7 @@ class SeqDraft:
             token = int(row.argmax())
             confidence = max_prob(row, self._scratch, row[token]) if p_min > 0 else 1.0
         else:
-            q = filter_logits(row, self.sampling.config, self._probs.rows(i + 1)[i][:self.n_vocab])
+            q = filter_logits(row, self._filters, self._probs.rows(i + 1)[i][:self.n_vocab])
             token = sample(q, self.sampling.rng)
             confidence = q.max_prob() if p_min > 0 else 1.0
             dists.append(q)

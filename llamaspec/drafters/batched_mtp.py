@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import Sampling, filter_logits, max_prob, sample
+from ..sampling import Sampling, draft_filters, filter_logits, max_prob, sample
 from .base import Draft, ProbsBuffer, common_prefix_len
 from .mtp import BEHIND_MAX, RING_ROWS, HiddenRing
 
@@ -35,12 +35,14 @@ class SeqMTP:
         self.valid = 0                     # head positions < valid hold entries made from target states
         self.base = 0                      # len(history) at the last proposal
         self.sampling: Sampling | None = None
+        self._filters = None   # the request's filters cut to the draft's best candidates (draft_filters)
         self.ring = HiddenRing(ring_rows, seq.shared.n_embd)
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(n_vocab_target, dtype=np.float32)
 
     def begin(self, history, sampling: Sampling | None) -> None:
         self.sampling = sampling
+        self._filters = draft_filters(sampling.config) if sampling is not None else None
 
     def save_state(self):
         """Its head sequence's state, how far it is made from target states and the states it may still catch up
@@ -107,7 +109,7 @@ class SeqMTP:
             token = int(row.argmax())
             confidence = max_prob(row, self._scratch, row[token]) if p_min > 0 else 1.0
         else:
-            q = filter_logits(row, self.sampling.config, self._probs.rows(i + 1)[i])
+            q = filter_logits(row, self._filters, self._probs.rows(i + 1)[i])
             token = sample(q, self.sampling.rng)
             confidence = q.max_prob() if p_min > 0 else 1.0
             dists.append(q)

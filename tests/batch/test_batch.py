@@ -166,6 +166,31 @@ def test_sampled_tokens_under_concurrency_follow_the_target_distribution(pair):
     assert_follows(counts, p)
 
 
+@pytest.mark.slow
+def test_a_batched_draft_cut_to_its_best_candidates_keeps_the_target_distribution(pair, monkeypatch):
+    """Temperature only: the batch engine's drafter draws from its DRAFT_TOP_K best candidates (4 here), as a drafter
+    on the device does, while the target's rows are the whole vocabulary: acceptance changes, the output's
+    distribution does not (the first token of 160 requests, four at a time)."""
+    from llamaspec import sampling
+    from llamaspec.drafters import batched
+
+    monkeypatch.setattr(sampling, "DRAFT_TOP_K", 4)
+    cut, real = [], batched.filter_logits
+    monkeypatch.setattr(batched, "filter_logits", lambda row, cfg, out=None: (cut.append(cfg.top_k),
+                                                                               real(row, cfg, out))[1])
+    cfg = SamplerConfig(temperature=1.0)
+    prompt = pair.tokenize(PROMPTS[3])
+    ctx = pair.target_ctx
+    ctx.clear()
+    p = filtered_probs(np.array(ctx.eval(prompt, logits="last")[0]), cfg).astype(np.float64)
+    n = 160
+    got = pair.generate_batch([prompt] * n, n_seq=4, requests=[dict(max_tokens=3, temperature=1.0, seed=s)
+                                                                 for s in range(n)])
+    assert cut and set(cut) == {4}                       # every draft row was cut to its 4 best candidates
+    assert sum(c.stats.accepted for c in got) > 0
+    assert_follows(np.bincount([c.tokens[0] for c in got], minlength=len(p)).astype(np.float64), p)
+
+
 def test_a_bad_request_is_refused_before_anything_runs(pair):
     with pytest.raises(InvalidParameterError):
         pair.generate_batch(["fine", ""], max_tokens=4)
