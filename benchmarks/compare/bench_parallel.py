@@ -34,7 +34,7 @@ try:
 except ImportError:
     import peers
     from bench_engine import CODE, PROSE, hardware
-from llamaspec import load_pair  # noqa: E402
+from llamaspec import bounds, load_pair  # noqa: E402
 from llamaspec.targets import batch_support  # noqa: E402
 from llamaspec.errors import LlamaspecError  # noqa: E402
 from llamaspec.gguf.reader import read_model_info  # noqa: E402
@@ -164,8 +164,12 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--out")
     a = p.parse_args()
-    if a.regime != "greedy" and not 0 < a.temperature <= 2:
-        p.error(f"--temperature must be in (0, 2], got {a.temperature}")
+    try:   # the one range every entry point takes (llamaspec.bounds)
+        bounds.check("temperature", a.temperature, param="--temperature")
+    except LlamaspecError as e:
+        p.error(str(e))
+    if a.regime != "greedy" and a.temperature == 0:
+        p.error(f"--regime {a.regime} samples: give a --temperature above 0")
     a.regime = peers.parse_regimes(a.regime, a.temperature)[0]
     prompts = [(CODE + PROSE)[i % 8] for i in range(a.streams)]
     try:
