@@ -106,13 +106,26 @@ def shrink_own_contexts(pair) -> None:
 
 
 # -- where the sequences live ------------------------------------------------------------------------------------
-def _generation_times(slot: Slot, target) -> None:
-    """The slot's generation's time inside llama.cpp (decodes, rollbacks) and tokens replayed, from its targets'
-    contexts' counters since its prompt was done (`slot.decode_before`, set then); nothing if it ended before."""
+def _totals(contexts) -> tuple[float, float, int]:
+    """Seconds inside llama_decode, seconds rolling caches back (saves, restores, trims) and tokens replayed, over
+    `contexts`."""
+    return (sum(c.decode_seconds for c in contexts), sum(c.rollback_seconds for c in contexts),
+            sum(c.replayed_tokens for c in contexts))
+
+
+def _prompt_done(slot: Slot, contexts) -> None:
+    """The slot's prompt is processed: its generation's time inside llama.cpp counts from here."""
+    decoded, seconds, replayed = _totals(contexts)
+    slot.decode_before, slot.rollback_before = decoded, (seconds, replayed)
+
+
+def _generation_times(slot: Slot, contexts) -> None:
+    """The slot's generation's time inside llama.cpp (decodes, rollbacks) and tokens replayed, from `contexts`'
+    counters since its prompt was done (_prompt_done); nothing if it ended before."""
     if slot.decode_before is None:
         return
-    stats, (seconds, replayed) = slot.stats, target._rollback_totals()
-    stats.time_in_decode = target._decode_seconds() - slot.decode_before
+    stats, (decoded, seconds, replayed) = slot.stats, _totals(contexts)
+    stats.time_in_decode = decoded - slot.decode_before
     stats.time_rollback = seconds - slot.rollback_before[0]
     stats.tokens_replayed = replayed - slot.rollback_before[1]
 
@@ -156,7 +169,6 @@ class LoneTarget:
         if not self.ctx.keep(common):
             self.ctx.clear()   # the memory cannot go back to the common prefix: start over
             common = 0
-        slot.rollback_before = self._rollback_totals()
         return common, self.ctx.n_in_memory
 
     def _swap(self, prompt: list[int], common: int) -> int:
@@ -248,7 +260,7 @@ class LoneTarget:
                                prefill=slot.policy.next_draft_len() > 0)
         # the generation's own decode and rollback time from here: the prompt's checkpoint and any replay of a
         # restored prefix are prompt processing (time_prefill), not a step's overhead (stats.python_overhead)
-        slot.decode_before, slot.rollback_before = self._decode_seconds(), self._rollback_totals()
+        _prompt_done(slot, self.contexts)
 
     def draft(self, active: list[Slot], joining: Slot | None, lens: dict) -> tuple[dict, dict, int]:
         if not active:
@@ -283,17 +295,10 @@ class LoneTarget:
         self.ctx.keep(len(slot.history))
         for ctx in self.drafter.contexts if self.drafter is not None else ():
             ctx.resync()
-        _generation_times(slot, self)
+        _generation_times(slot, self.contexts)
 
     def fail(self, slot: Slot) -> None:
         self.finish(slot)
-
-    def _decode_seconds(self) -> float:
-        return sum(ctx.decode_seconds for ctx in self.contexts)
-
-    def _rollback_totals(self) -> tuple[float, int]:
-        """Seconds spent rolling caches back (saves, restores, trims) and tokens replayed, over all contexts."""
-        return sum(c.rollback_seconds for c in self.contexts), sum(c.replayed_tokens for c in self.contexts)
 
     def close(self) -> None:
         pass   # the contexts are the pair's
@@ -472,7 +477,7 @@ class SharedTarget:
                 if not joining.at_tail:   # (one checkpoint a prompt: LoneTarget.prefill)
                     joining.seq.checkpoint_turn()
                 # the contexts' decode and rollback time from here is the slot's generation's (as LoneTarget.prefill)
-                joining.decode_before, joining.rollback_before = self._decode_seconds(), self._rollback_totals()
+                _prompt_done(joining, self.contexts)
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
         rows = self._rows[slot.index][:len(tokens)]
@@ -486,18 +491,12 @@ class SharedTarget:
         """The sequence keeps its history for a later prompt to reuse. The slot's generation shared every pass with
         the others: its time inside llama.cpp is the contexts' while it generated, so `python_overhead` is the share of
         its steps (everyone's drafting, verifying and accepting) spent outside llama.cpp."""
-        _generation_times(slot, self)
+        _generation_times(slot, self.contexts)
 
-    def _contexts(self) -> tuple:
+    @property
+    def contexts(self) -> tuple:
         head = (self.mtp.ctx,) if self.mtp is not None else ()
         return (self.ctx,) + ((self.draft_ctx,) if self.draft_ctx is not None else ()) + head
-
-    def _decode_seconds(self) -> float:
-        return sum(ctx.decode_seconds for ctx in self._contexts())
-
-    def _rollback_totals(self) -> tuple[float, int]:
-        contexts = self._contexts()
-        return sum(c.rollback_seconds for c in contexts), sum(c.replayed_tokens for c in contexts)
 
     def fail(self, slot: Slot) -> None:
         """A slot that failed mid-step starts over: its sequences may hold a half-done step."""
