@@ -402,6 +402,9 @@ class SharedTarget:
 
     def begin(self, slot: Slot) -> None:
         slot.hooks.new_request()
+        # greedy needs argmaxes only: taken on the device for the slot's sequence (as LoneTarget.prefill; the
+        # sampler stays for the next greedy request), so a step of greedy slots copies no logits out
+        self.ctx.set_seq_argmax(slot.seq.seq_id, slot.verifier.wants == "argmax" and self.pair.speculative)
         if slot.draft is not None:
             slot.draft.begin(slot.prompt[:-1], slot.sampling)
         if slot.lookup is not None:
@@ -481,7 +484,9 @@ class SharedTarget:
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
         rows = self._rows[slot.index][:len(tokens)]
-        return rows.argmax(axis=1) if wants == "argmax" else rows
+        if wants != "argmax" or isinstance(rows, list):   # (a list: the argmax tokens of a greedy sampler's sequence)
+            return rows
+        return rows.argmax(axis=1)
 
     def accepted(self, slot: Slot, n_accepted: int) -> None:
         if slot.from_model:

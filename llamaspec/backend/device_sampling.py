@@ -28,9 +28,8 @@ class DeviceSampling:
         if not on:
             self._detach_chain()
             return False
-        if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
-            return False
-        return self._attach_chain(_chain_of([llama_cpp.llama_sampler_init_greedy()]), "argmax")
+        chain = greedy_chain()
+        return chain is not None and self._attach_chain(chain, "argmax")
 
     @property
     def device_argmax(self) -> bool:
@@ -155,16 +154,7 @@ class DeviceSampling:
     def _attach_chain(self, chain, kind: str) -> bool:
         """Attach a sampler chain (this context owns it from here, attached or not)."""
         self._detach_chain()
-        with native_log():
-            ok = bool(llama_cpp.llama_set_sampler(self._ptr, 0, chain))
-        # llama.cpp attaches a chain even when only a prefix of it can run in the graph (the rest would be left
-        # for the host); after attaching, each sampler that runs there is named with a leading '+' ('?': a no-op,
-        # such as temperature 1)
-        names = [llama_cpp.llama_sampler_name(llama_cpp.llama_sampler_chain_get(chain, i)) or b""
-                 for i in range(llama_cpp.llama_sampler_chain_n(chain))]
-        if not ok or not all(name[:1] in (b"+", b"?") for name in names):
-            llama_cpp.llama_set_sampler(self._ptr, 0, None)
-            llama_cpp.llama_sampler_free(chain)
+        if not attach(self._ptr, 0, chain):
             return False
         self._chain, self._chain_kind, self._row_shape = chain, kind, None
         return True
@@ -174,6 +164,31 @@ class DeviceSampling:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = self._chain_kind = self._chain_key = self._row_shape = None
+
+
+def greedy_chain():
+    """A chain of llama.cpp's greedy sampler alone (each output row's argmax), or None where this build or the
+    environment (LLAMASPEC_NO_DEVICE_ARGMAX=1) keeps argmaxes on the host."""
+    if not hasattr(llama_cpp, "llama_set_sampler") or env_flag("LLAMASPEC_NO_DEVICE_ARGMAX"):
+        return None
+    return _chain_of([llama_cpp.llama_sampler_init_greedy()])
+
+
+def attach(ctx, seq_id: int, chain) -> bool:
+    """Attach `chain` to sequence `seq_id` of context `ctx` so that llama.cpp samples that sequence's output rows in
+    its graph. llama.cpp attaches a chain even when only a prefix of it can run there (the rest would be left for
+    the host); after attaching, each sampler that runs there is named with a leading '+' ('?': a no-op, such as
+    temperature 1). Only a chain that runs whole stays attached; one that does not is freed (the caller owns an
+    attached one) and False comes back."""
+    with native_log():
+        ok = bool(llama_cpp.llama_set_sampler(ctx, seq_id, chain))
+    names = [llama_cpp.llama_sampler_name(llama_cpp.llama_sampler_chain_get(chain, i)) or b""
+             for i in range(llama_cpp.llama_sampler_chain_n(chain))]
+    if not ok or not all(name[:1] in (b"+", b"?") for name in names):
+        llama_cpp.llama_set_sampler(ctx, seq_id, None)
+        llama_cpp.llama_sampler_free(chain)
+        return False
+    return True
 
 
 class _Rows:

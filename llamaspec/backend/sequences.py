@@ -34,6 +34,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
 from .context import Context
+from .device_sampling import attach, greedy_chain
 from .model import Model
 from .native import llama_cpp
 from .rollback import PARTIAL_ONLY, NoRollback, Rollback, TailDrop
@@ -198,6 +199,7 @@ class SharedContext(Context):
         self._seq_of_row = np.full(self.n_batch, -1, dtype=np.int64)   # the seq id each batch slot was given last
         self.on_runs = None   # callback(runs) after each llama_decode, before the runs' tokens are recorded (an
         #                       MTP head follows the target's hidden rows through it: drafters/batched_mtp.py)
+        self._argmax_chains: dict[int, object] = {}   # seq id -> the greedy chain attached to it (set_seq_argmax)
 
     def _configure(self, params) -> None:
         params.n_seq_max = self.n_seq
@@ -209,8 +211,31 @@ class SharedContext(Context):
         # each Sequence drops its own tail (keep); the one-sequence rollback is not used here
         return NoRollback() if self.recurrent else TailDrop()
 
-    def decode(self, runs: list[Run]) -> list[np.ndarray | None]:
-        """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view) or None.
+    def set_seq_argmax(self, seq_id: int, on: bool) -> bool:
+        """Attach (or detach) a greedy sampler to one sequence, so that llama.cpp takes its output rows' argmax in the
+        graph: `decode` then hands that sequence's rows back as their argmax tokens, and a decode whose every output
+        row has such a sampler copies no logits out (llama.cpp's needs_raw_logits). Returns whether it is attached
+        (a build that cannot run it keeps the logits). Attaching makes llama.cpp reserve its graphs again at the
+        next decode: a sequence keeps its sampler from request to request while they are greedy."""
+        chain = self._argmax_chains.get(seq_id)
+        if on == (chain is not None):
+            return on
+        if not on:
+            llama_cpp.llama_set_sampler(self._ptr, seq_id, None)
+            llama_cpp.llama_sampler_free(self._argmax_chains.pop(seq_id))
+            return False
+        chain = greedy_chain()
+        if chain is None or not attach(self._ptr, seq_id, chain):
+            return False
+        self._argmax_chains[seq_id] = chain
+        return True
+
+    def seq_argmax(self, seq_id: int) -> bool:
+        return seq_id in self._argmax_chains
+
+    def decode(self, runs: list[Run]) -> list[np.ndarray | list[int] | None]:
+        """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view; for a sequence with
+        a greedy sampler attached, `set_seq_argmax`, their argmax tokens) or None.
 
         A recurrent state's snapshots live in its cell, and llama.cpp gathers the sequences of a ubatch into
         neighbouring cells without moving the snapshots of those it displaces: a run can be undone only if no later
@@ -231,7 +256,8 @@ class SharedContext(Context):
         n = sum(len(r.tokens) for r in runs)
         if n == 0 or n > self.n_batch:
             raise DecodeError(f"internal: a shared batch of {n} tokens (batch size {self.n_batch})")
-        b, start, n_out, spans = self._batch, 0, 0, []
+        b, start, n_out, spans, raw = self._batch, 0, 0, [], False
+        chains = self._argmax_chains
         for run in runs:
             m, seq = len(run.tokens), run.seq
             if seq.n_past + m > self.n_ctx_seq:
@@ -249,12 +275,15 @@ class SharedContext(Context):
             for i in np.flatnonzero(self._seq_of_row[start:end] != seq.seq_id):   # ctypes stores where it changed
                 b.seq_id[start + i][0] = seq.seq_id
             self._seq_of_row[start:end] = seq.seq_id
-            spans.append((n_out, run.n_rows))
-            n_out += run.n_rows
+            rows = run.n_rows
+            spans.append((n_out, rows, end - rows))   # (first output row, rows, the batch index of the first)
+            raw = raw or (rows > 0 and seq.seq_id not in chains)
+            n_out += rows
             start = end
         b.n_tokens = n
-        ptr = self._timed_decode(b, n, llama_cpp.llama_get_logits if n_out else None,   # synchronises
-                                 undo=lambda: self._undo_runs(runs), what="a shared batch of {n} tokens")
+        # reading the logits, or where every row is sampled on the device waiting for it, ends the timed span
+        sync = llama_cpp.llama_get_logits if raw else llama_cpp.llama_synchronize if n_out else None
+        ptr = self._timed_decode(b, n, sync, undo=lambda: self._undo_runs(runs), what="a shared batch of {n} tokens")
         if self.on_runs is not None:
             self.on_runs(runs)
         if self.recurrent:   # llama.cpp's split keeps each run's last n_rs_seq + 1 tokens in one ubatch
@@ -266,8 +295,17 @@ class SharedContext(Context):
                     run.seq.undoable = min(self.n_rs_seq, len(run.tokens) - 1)
         for run in runs:
             run.seq.tokens.extend(run.tokens)
-        view = self._logits_view(ptr, n_out) if n_out else None
-        return [view[a:a + rows] if rows else None for a, rows in spans]
+        view = self._logits_view(ptr, n_out) if raw else None
+        return [None if not rows else self._argmaxes(first, rows) if run.seq.seq_id in chains else view[a:a + rows]
+                for run, (a, rows, first) in zip(runs, spans)]
+
+    def _argmaxes(self, first: int, n: int) -> list[int]:
+        """The device's argmax tokens of batch entries first .. first + n - 1 (a sequence with a greedy sampler)."""
+        get, ctx = llama_cpp.llama_get_sampled_token_ith, self._ptr
+        out = [get(ctx, first + i) for i in range(n)]
+        if min(out) < 0:
+            raise DecodeError("llama.cpp returned no argmax token for an output row")
+        return out
 
     def _undo_runs(self, runs: list[Run]) -> None:
         """After a failed decode: whatever part llama.cpp stored goes, every sequence is as before (a recurrent state
@@ -280,7 +318,14 @@ class SharedContext(Context):
 
     def decode_argmax(self, runs: list[Run]) -> list[list[int] | None]:
         """decode(runs), each run's rows reduced to their argmax tokens."""
-        return [rows.argmax(axis=1).tolist() if rows is not None else None for rows in self.decode(runs)]
+        return [rows if rows is None or isinstance(rows, list) else rows.argmax(axis=1).tolist()
+                for rows in self.decode(runs)]
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            for seq_id in list(self._argmax_chains):
+                self.set_seq_argmax(seq_id, False)
+        super().close()
 
 
 def shared_like(ctx: Context, n_seq: int, n_ctx: int | None = None, n_rs_seq: int = 0) -> SharedContext:

@@ -53,6 +53,31 @@ def test_greedy_batch_equals_each_prompt_alone(pair):
     assert pair._shared.target.ctx.decode_calls < sum(c.stats.target_passes for c in expected)
 
 
+def test_greedy_slots_take_their_argmax_on_the_device_and_copy_no_target_logits(pair, monkeypatch):
+    """A greedy slot's sequence has a greedy sampler in llama.cpp's graph: a pass of greedy slots reads no logits
+    of the shared target (llama.cpp then copies none out), and a sampled slot beside them still gets its rows
+    while theirs stay the device's argmaxes."""
+    from llamaspec.backend.native import llama_cpp
+
+    expected = alone(pair, PROMPTS[:3], max_tokens=16)
+    pair.generate_batch(PROMPTS[:3], max_tokens=2)   # the shared target of three sequences is made
+    shared = pair._shared.target.ctx
+    read, get_logits = [], llama_cpp.llama_get_logits
+    monkeypatch.setattr(llama_cpp, "llama_get_logits", lambda ctx: (read.append(ctx is shared._ptr),
+                                                                     get_logits(ctx))[1])
+    got = pair.generate_batch(PROMPTS[:3], max_tokens=16)
+    assert [c.tokens for c in got] == [c.tokens for c in expected]
+    assert read and not any(read)   # the draft model's rows were read, never the target's
+    greedy = [shared.seq_argmax(s.seq_id) for s in shared.sequences]
+    assert sum(greedy) >= 3   # (each sequence that took a request)
+    read.clear()
+    got = pair.generate_batch(PROMPTS[:3], requests=[dict(max_tokens=16), dict(max_tokens=16),
+                                                     dict(max_tokens=16, temperature=0.8, seed=1)])
+    assert [c.tokens for c in got[:2]] == [c.tokens for c in expected[:2]]
+    assert any(read)   # the sampled slot's rows came from the logits
+    assert sum(shared.seq_argmax(s.seq_id) for s in shared.sequences) == sum(greedy) - 1
+
+
 def test_each_batched_reply_says_how_much_of_its_generation_ran_inside_llama_cpp(pair, monkeypatch):
     """The shared passes' time inside llama.cpp is each slot's while it generates (python_overhead, the Python share
     a benchmark reports for --parallel): every decode made slow here, the rest of a step is a small share of it."""
