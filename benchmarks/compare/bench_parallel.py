@@ -68,7 +68,11 @@ def llamaspec_rows(a, prompts: list[str]) -> list[dict]:
                       "outside_ms": 1e3 * (together_s - (after.total - before.total)) / steps,
                       "policy": engine.policy.describe() if a.policy == "auto" else None,
                       # the share of each stream's generation spent outside llama.cpp (its decodes and rollbacks)
-                      "python": sum(c.stats.python_overhead for c in together) / len(together)}
+                      "python": sum(c.stats.python_overhead for c in together) / len(together),
+                      # greedy: whether batching changed any stream's tokens (a near-tie can, where the batched
+                      # kernels round differently; a wrong row would too)
+                      "same": sum(x.tokens == y.tokens for x, y in zip(alone, together))
+                      if a.regime.name == "greedy" else None}
     one = sum(len(c.tokens) for c in alone) / alone_s
     per_stream = [len(c.tokens) / c.stats.time_total for c in together]
     return [{"engine": "llamaspec", "mode": "one stream at a time", "total_tps": one, "streams": 1,
@@ -137,6 +141,9 @@ def report(a, rows: list[dict]) -> str:
                       f"{ph['draft_ms']:.2f} ms, target decode {ph['decode_ms']:.2f} ms, the rest of the step "
                       f"{ph['rest_ms']:.2f} ms; outside the steps (generate_batch's loop) {ph['outside_ms']:.2f} ms. Outside "
                       f"llama.cpp (Python): {100 * ph['python']:.1f}% of a stream's generation, the streams' mean."]
+            if ph["same"] is not None:
+                lines += ["", f"Greedy: {ph['same']} of {len(r['stream_tps'])} streams gave the same tokens together as "
+                          "alone."]
             if ph["policy"]:
                 lines += ["", f"- {ph['policy']}"]
     lines += ["", "Commands:", "", f"    python {' '.join(sys.argv)}"]
