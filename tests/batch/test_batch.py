@@ -109,6 +109,20 @@ def test_more_prompts_than_slots_each_get_their_own_reply(pair):
     assert pair._shared.n_seq == 2
 
 
+@pytest.mark.slow
+def test_many_greedy_requests_through_the_device_argmax_keep_their_tokens(pair):
+    """Forty greedy requests of mixed lengths through four slots: each slot's sequence keeps its greedy sampler while
+    it waits for the next request, beside slots that verify (llama.cpp builds every attached chain into each pass);
+    every reply is the one it gets alone."""
+    rnd = np.random.default_rng(0)
+    prompts = [rnd.integers(100, 5000, int(rnd.integers(3, 30))).tolist() for _ in range(40)]
+    requests = [dict(max_tokens=int(rnd.integers(4, 30))) for _ in prompts]
+    expected = [pair.generate(p, **kw).tokens for p, kw in zip(prompts, requests)]
+    got = pair.generate_batch(prompts, n_seq=4, requests=requests)
+    assert [c.tokens for c in got] == expected
+    assert all(pair._shared.target.ctx.seq_argmax(s.seq_id) for s in pair._shared.target.ctx.sequences)
+
+
 @pytest.mark.parametrize("drafter", ["lookup", "none"])
 @pytest.mark.slow
 def test_lookup_and_plain_pairs_batch_too(tiny_models, drafter):
