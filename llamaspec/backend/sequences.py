@@ -316,11 +316,6 @@ class SharedContext(Context):
             else:
                 run.seq.clear()
 
-    def decode_argmax(self, runs: list[Run]) -> list[list[int] | None]:
-        """decode(runs), each run's rows reduced to their argmax tokens."""
-        return [rows if rows is None or isinstance(rows, list) else rows.argmax(axis=1).tolist()
-                for rows in self.decode(runs)]
-
     def close(self) -> None:
         if self._ptr is not None:
             for seq_id in list(self._argmax_chains):
