@@ -24,7 +24,9 @@ prose, a copy-heavy edit (the answer repeats much of the prompt), a short answer
 its share of --tokens: MIXED). Every mode runs them as one session (one policy object; `auto+warm` after one
 untimed request), and each peer the same requests in the same order; the report adds each request's tok/s, the
 session's, and `auto` against the best fixed k, llama-server's best k and ik_llama.cpp's `--spec-autotune` (peer
-`ik-autotune`: its server once, drafting up to the longest --k, its tuner choosing the length as it goes).
+`ik-autotune`: its server once a regime, drafting up to the longest --k with p_min 0 as its fixed rows, its tuner
+choosing the length as it goes; `ik-autotune-own`: the same with its own default p_min), and the ceiling of a policy
+that picks one length a request: each request in the mode (plain or a fixed k) that was fastest on it.
 
 Synthetic acceptance (benchmarking only; `--synthetic-rates P0,P1,..` or `--synthetic-len L`): the fixed-k rows keep
 draft tokens by the given per-position rates instead of by the target (llamaspec.bench.synthetic), every pass and
@@ -119,6 +121,7 @@ class Row:
     shadow_probes: int = 0         # auto's probes that drafted one token without verifying it
     synthetic: str = ""            # the synthetic acceptance it ran with (SyntheticAcceptance.label), if any
     runs: list = field(default_factory=list)       # tok/s of each request, in order
+    run_tokens: list = field(default_factory=list)  # tokens of each request, in order
 
     @property
     def name(self) -> str:
@@ -165,6 +168,7 @@ def run_mode(pair, mode: str, prompts, n_tokens, regime: peers.Regime, seed: int
         c = pair.generate(prompt, max_tokens=budget, seed=seed + i, **regime.llamaspec_kwargs())
         s = c.stats
         row.runs.append(s.tokens_generated / s.decode_time if s.decode_time else 0.0)
+        row.run_tokens.append(s.tokens_generated)
         row.tokens += s.tokens_generated
         row.seconds += s.decode_time
         row.drafted += s.drafted
@@ -202,8 +206,11 @@ def record_steps(policy) -> list[str]:
 
 
 PEER_LABELS = {"speculative-simple": "llama-speculative-simple", "llama-server": "llama-server",
-               "ik": "ik_llama.cpp llama-server", "ik-autotune": "ik_llama.cpp llama-server --spec-autotune"}
-ONCE = ("ik-autotune",)   # peers run once, drafting up to the longest --k, not once per k
+               "ik": "ik_llama.cpp llama-server", "ik-autotune": "ik_llama.cpp llama-server --spec-autotune",
+               "ik-autotune-own": "ik_llama.cpp llama-server --spec-autotune, its own p_min"}
+# peers run once, drafting up to the longest --k, not once per k, and with a fresh server for each regime (so that
+# a tuner starts each regime as llamaspec's policy does, not from what the regime before it taught)
+ONCE = ("ik-autotune", "ik-autotune-own")
 
 
 def peer_label(name: str, case: peers.Case) -> str:
@@ -254,7 +261,8 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
     if exe is None:
         return list(results.values())
     port = peers.free_port()
-    cmd = peers.ik_server_cmd(exe, case, k, port, autotune=name == "ik-autotune") if name.startswith("ik") \
+    cmd = peers.ik_server_cmd(exe, case, k, port, autotune=name in ONCE,
+                              p_min=None if name == "ik-autotune-own" else 0.0) if name.startswith("ik") \
         else peers.server_cmd(exe, case, k, port)
     try:
         with tempfile.TemporaryDirectory() as tmp, \
@@ -279,6 +287,21 @@ def server_results(name: str, exe, why: str, case, k: int, regimes, prompts, n_t
                 res.cmd = res.cmd or peers.shown(cmd)
                 res.skipped = res.skipped or f"failed: {e}"
     return list(results.values())
+
+
+def peer_results(name: str, exe, why: str, case, ks, regimes, prompts, n_tokens, timeout: float) -> list:
+    """One peer's rows: one run per draft length (a llama-server started once for each, every regime on it), or,
+    for a tuner (ONCE), one run at the longest with a fresh server for each regime."""
+    out = []
+    for k in [max(ks)] if name in ONCE else ks:
+        if name == "speculative-simple":
+            out += speculative_simple_results(exe, why, case, k, regimes, prompts, n_tokens)
+        elif name in ONCE:
+            for regime in regimes:
+                out += server_results(name, exe, why, case, k, [regime], prompts, n_tokens, timeout)
+        else:
+            out += server_results(name, exe, why, case, k, regimes, prompts, n_tokens, timeout)
+    return out
 
 
 def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None]:
@@ -427,6 +450,23 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
     return lines
 
 
+def per_request_best(fixed: list) -> tuple[float, list[str]] | None:
+    """The session's tok/s had each request run in the mode (plain or a fixed k) that was fastest on it (a ceiling
+    for a policy that picks one length a request, known only after the run), and which mode that was for each; None
+    without a row that ran every request."""
+    full = [r for r in fixed if r.runs and len(r.run_tokens) == len(r.runs) and all(r.runs)]
+    if not full or len({len(r.runs) for r in full}) != 1:
+        return None
+    tokens = seconds = 0.0
+    picks = []
+    for i in range(len(full[0].runs)):
+        best = max(full, key=lambda r: r.runs[i])
+        tokens += best.run_tokens[i]
+        seconds += best.run_tokens[i] / best.runs[i]
+        picks.append(best.mode.removeprefix("fixed "))
+    return tokens / seconds, picks
+
+
 def session_section(regime, rows: list, results: list) -> list[str]:
     """The mixed session: each request's tok/s and the session's for every mode and peer, then `auto` (and
     `auto+warm`) against the best fixed k, llama-server's best k and ik_llama.cpp's autotune."""
@@ -439,14 +479,21 @@ def session_section(regime, rows: list, results: list) -> list[str]:
     fixed = [r for r in rows if r.mode.startswith("fixed k=")]
     best_fixed = max(fixed, key=lambda r: r.tps, default=None)
     server = max((r for r in ran if r.peer.startswith("llama-server")), key=lambda r: r.tps, default=None)
-    autotune = next((r for r in ran if r.peer.startswith(PEER_LABELS["ik-autotune"])), None)
+    autotune = max((r for r in ran if r.peer.startswith(PEER_LABELS["ik-autotune"])), key=lambda r: r.tps,
+                   default=None)
     lines.append("")
+    oracle = per_request_best([r for r in rows if r.mode == "plain"] + fixed)
+    if oracle and best_fixed:
+        tps, picks = oracle
+        lines.append(f"- ceiling: each request at its own best of plain and the fixed k ({', '.join(picks)}; known "
+                     f"only afterwards, no policy has it) {tps:.2f} tok/s, {_ratio(tps, best_fixed.tps)} the best "
+                     "single fixed k")
     for auto in (r for r in rows if r.mode.startswith("auto")):
         cells = [f"{auto.mode} / best fixed ({best_fixed.mode}): {_ratio(auto.tps, best_fixed.tps)}"
                  if best_fixed else f"{auto.mode} / best fixed: no fixed k ran"]
         cells.append(f"/ llama-server's best (k={server.k}): {_ratio(auto.tps, server.tps)}" if server
                      else "/ llama-server: not run")
-        cells.append(f"/ ik_llama.cpp --spec-autotune: {_ratio(auto.tps, autotune.tps)}" if autotune
+        cells.append(f"/ {autotune.peer}: {_ratio(auto.tps, autotune.tps)}" if autotune
                      else "/ ik_llama.cpp --spec-autotune: not run")
         lines.append("- " + "; ".join(cells))
     return lines + [""]
@@ -483,7 +530,8 @@ def main() -> None:
     ap.add_argument("--tools", type=Path, help="folder with llama.cpp's llama-speculative-simple and llama-server")
     ap.add_argument("--ik-tools", type=Path, help="folder with ik_llama.cpp's llama-server (its build/bin)")
     ap.add_argument("--peers", default="speculative-simple,llama-server,ik",
-                    help="peers to run (comma-separated): speculative-simple, llama-server, ik, ik-autotune")
+                    help="peers to run (comma-separated): speculative-simple, llama-server, ik, ik-autotune, "
+                         "ik-autotune-own")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=default_threads(), help="llamaspec's threads (peers: their own)")
     ap.add_argument("--no-repack", action="store_true", help="CPU only: turn off weight repacking (every engine)")
@@ -610,11 +658,7 @@ def main() -> None:
         exe, why = peer_binary(a, name, case)
         versions.append(f"{PEER_LABELS[name]}: `{exe}` ({peers.tool_version(exe)})" if exe
                         else f"{PEER_LABELS[name]}: not run ({why})")
-        for k in [max(ks)] if name in ONCE else ks:
-            if name == "speculative-simple":
-                results += speculative_simple_results(exe, why, case, k, regimes, prompts, n_tokens)
-            else:
-                results += server_results(name, exe, why, case, k, regimes, prompts, n_tokens, a.server_timeout)
+        results += peer_results(name, exe, why, case, ks, regimes, prompts, n_tokens, a.server_timeout)
         write_report(a, hw, case, prompts, regimes, mine, results, versions, final=i == len(a.peers) - 1)
 
 
@@ -667,11 +711,13 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
                        "drafted": r.drafted, "accepted": r.accepted, "acceptance": r.acceptance,
                        "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
                        "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
-                       "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None}
+                       "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None,
+                       "request_tok_s": r.runs, "request_tokens": r.run_tokens}
                       for r in rows]
             table += [{"regime": regime.name, "temperature": regime.temperature, "engine": r.peer,
                        "mode": f"k={r.k}", "synthetic": SYNTH if a.synth else None, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,
-                       "drafted": r.drafted, "accepted": r.accepted, "command": r.cmd, "skipped": r.skipped or None}
+                       "drafted": r.drafted, "accepted": r.accepted, "command": r.cmd, "skipped": r.skipped or None,
+                       "request_tok_s": r.runs}
                       for r in results if r.regime == regime.name]
         a.json.write_text(json.dumps(table, indent=2))
 

@@ -138,12 +138,14 @@ def synth_flags(synth: tuple, k: int) -> list[str]:
 IK_STAGES = {"draft-simple": "draft", "draft-mtp": "mtp", "draft-eagle3": "eagle3", "draft-dflash": "dflash"}
 
 
-def ik_server_cmd(exe: Path, case: Case, k: int, port: int, autotune: bool = False) -> list[str]:
+def ik_server_cmd(exe: Path, case: Case, k: int, port: int, autotune: bool = False,
+                  p_min: float | None = 0.0) -> list[str]:
     """ik_llama.cpp's llama-server: the draft length inside its --spec-type entry, with p_min 0 (its default is
-    0.75) so that k drafts are k drafts as in the other engines. `autotune`: its --spec-autotune, whose tuner
-    (common/spec-tuner.cpp) picks n_max from 1..max(16, k) as it goes (1..k on a recurrent target, such as the
-    qwen35 hybrids), and for a draft model p_min and n_min too, starting from the values given here."""
-    stage = f"{IK_STAGES[case.spec_type]}:n_max={k},p_min=0.0"
+    0.75) so that k drafts are k drafts as in the other engines; p_min None leaves its default. `autotune`: its
+    --spec-autotune, whose tuner (common/spec-tuner.cpp) picks n_max from 1..max(16, k) as it goes (1..k on a
+    recurrent target, such as the qwen35 hybrids), and for a draft model p_min and n_min too, starting from the
+    values given here (for the MTP head it tunes n_max only: p_min stays what is given)."""
+    stage = f"{IK_STAGES[case.spec_type]}:n_max={k}" + ("" if p_min is None else f",p_min={p_min}")
     return [str(exe), *case.model_flags(), "--spec-type", stage, *(["--spec-autotune"] if autotune else []),
             "--host", "127.0.0.1", "--port", str(port), *case.extra]
 

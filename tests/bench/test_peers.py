@@ -169,6 +169,41 @@ def test_ik_autotune_gets_its_flag_and_the_longest_length_as_its_reach():
     assert "--spec-autotune" not in peers.ik_server_cmd(Path("/ik/llama-server"), MTP, 3, 8125)
 
 
+def test_ik_autotune_with_its_own_p_min_names_none():
+    cmd = peers.ik_server_cmd(Path("/ik/llama-server"), MTP, 3, 8125, autotune=True, p_min=None)
+    assert cmd[cmd.index("--spec-type") + 1:cmd.index("--host")] == ["mtp:n_max=3", "--spec-autotune"]
+
+
+def test_a_tuner_gets_a_fresh_server_for_each_regime_and_the_others_one_per_length(fake_tools):
+    bench = _bench_engine()
+    exe, log = fake_tools
+    tuned = bench.peer_results("ik-autotune-own", exe, "", MTP, [1, 2, 3], [GREEDY, TEMP], ["a"], 8, 30)
+    bodies = [json.loads(line)["prompt"] for line in log.read_text().splitlines()]
+    assert bodies == ["warm up", "a", "warm up", "a"]   # a warm-up each: two servers
+    assert [(r.k, r.regime) for r in tuned] == [(3, "greedy"), (3, "temp")]
+    assert "mtp:n_max=3 --spec-autotune" in tuned[0].cmd and "p_min" not in tuned[0].cmd
+    log.unlink()
+    fixed = bench.peer_results("ik", exe, "", MTP, [1, 2], [GREEDY, TEMP], ["a"], 8, 30)
+    bodies = [json.loads(line)["prompt"] for line in log.read_text().splitlines()]
+    assert bodies == ["warm up", "a", "a"] * 2 and [r.k for r in fixed] == [1, 1, 2, 2]
+
+
+def test_the_ceiling_takes_each_request_at_its_fastest_fixed_length():
+    bench = _bench_engine()
+
+    def row(mode, runs, tokens):
+        return bench.Row(mode, 0.0, runs=list(runs), run_tokens=list(tokens))
+
+    plain = row("plain", [12.0, 5.0, 6.0], [100, 100, 50])
+    k1 = row("fixed k=1", [10.0, 20.0, 5.0], [100, 100, 50])
+    k2 = row("fixed k=2", [20.0, 10.0, 4.0], [100, 100, 50])
+    tps, picks = bench.per_request_best([plain, k1, k2])
+    assert picks == ["k=2", "k=1", "plain"]
+    assert tps == pytest.approx(250 / (100 / 20 + 100 / 20 + 50 / 6))
+    assert bench.per_request_best([k1, row("fixed k=3", [30.0], [100])]) is None   # a row that did not finish
+    assert bench.per_request_best([]) is None
+
+
 def test_a_mixed_session_sends_each_request_its_own_length_in_order(fake_tools):
     bench = _bench_engine()
     exe, log = fake_tools
@@ -198,6 +233,11 @@ def test_the_session_table_compares_auto_with_the_best_fixed_length_and_the_peer
     assert any(line.startswith("| llamaspec fixed k=2 | 15.00 |") and line.endswith("| 15.00 |") for line in lines)
     ratios = next(line for line in lines if line.startswith("- auto /"))
     assert "best fixed (fixed k=2): 1.10x" in ratios and "(k=2): 1.50x" in ratios and "autotune: 1.10x" in ratios
+    own = peers.PeerResult(bench.PEER_LABELS["ik-autotune-own"], 3, "greedy", tokens=1600, seconds=100.0,
+                           runs=[16.0] * n)
+    ratios = next(line for line in bench.session_section(GREEDY, rows, [server, autotune, own])
+                  if line.startswith("- auto /"))
+    assert "autotune, its own p_min: 1.03x" in ratios   # the faster of the two tuners
     assert not any("k=3 |" in line and "llama-server |" in line for line in lines)   # a peer that failed: no row
 
 
