@@ -9,6 +9,8 @@ knows about phases, probes or credit (auto.py), nor about models or tokens.
 """
 from __future__ import annotations
 
+import math
+
 from bisect import insort
 from collections import deque
 from statistics import median
@@ -69,6 +71,11 @@ class Acceptance:
         self.tried = [0.0] * (k_max + 1)
         self.seen = [0.0] * (k_max + 1)   # tried, without the fading of idle steps: how much was judged at all
         self.idle = 0   # plain steps since the last judgement: what was seen before them fades (idle_decay)
+        # this request's own part of position 1's counts (faded alike), and its estimate when the request began: a
+        # request whose first judgements that estimate cannot explain lets go of what the requests before showed
+        self.req_acc = self.req_tried = 0.0
+        self.start_first: float | None = None
+        self.surprised = False
 
     def wait(self) -> None:
         """A plain step (no draft judged): O(1), the fading is applied at the next judgement."""
@@ -80,17 +87,24 @@ class Acceptance:
             fade = self.tuning.idle_decay ** self.idle
             self.acc = [a * fade for a in self.acc]
             self.tried = [n * fade for n in self.tried]
+            self.req_acc *= fade
+            self.req_tried *= fade
         self.idle = 0
         for j in range(1, self.k_max + 1):
             keep = d if j <= judged else stale
             self.acc[j] *= keep
             self.tried[j] *= keep
             self.seen[j] *= keep
+        self.req_acc *= d      # position 1 is judged whenever anything is
+        self.req_tried *= d
 
     def fade(self, factor: float) -> None:
         """Weigh what was seen so far by `factor` (a new request): no estimate moves, the next judgements weigh more."""
         self.acc = [a * factor for a in self.acc]
         self.tried = [n * factor for n in self.tried]
+        self.req_acc = self.req_tried = 0.0
+        self.start_first = self.estimates()[1] if self.seen[1] else None
+        self.surprised = False
 
     def record_draft(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)   # positions after the first rejection were not judged
@@ -99,6 +113,9 @@ class Acceptance:
             self.tried[j] += 1.0
             self.seen[j] += 1.0
             self.acc[j] += 1.0 if j <= accepted else 0.0
+        self.req_tried += 1.0
+        self.req_acc += 1.0 if accepted else 0.0
+        self._check_surprise()
 
     def record_first(self, chance: float) -> None:
         """A shadow probe: position 1 judged, accepted with `chance`."""
@@ -106,6 +123,30 @@ class Acceptance:
         self.tried[1] += 1.0
         self.seen[1] += 1.0
         self.acc[1] += chance
+        self.req_tried += 1.0
+        self.req_acc += chance
+        self._check_surprise()
+
+    def _check_surprise(self) -> None:
+        """Once a request: where its judgements of position 1 are this unlikely under the estimate it began with
+        (their log-likelihood ratio, own rate against that estimate, above `surprise_llr`: the text changed, say
+        from code to prose), position 1's judgements from the requests before keep `surprise_fade` of their weight,
+        so that its estimate follows the new text at once. The later positions keep theirs: they are asked only
+        while drafts reach them, and what they showed (a code answer's long agreeing runs) holds again when the
+        text turns back (faded with them, the edit after the prose climbed slower in the simulator)."""
+        t = self.tuning
+        n, first = self.req_tried, self.start_first
+        if self.surprised or first is None or not t.surprise_llr or n < 2:
+            return
+        x = self.req_acc
+        p, f = min(max(first, 0.02), 0.98), x / n
+        llr = (x * math.log(f / p) if x > 0 else 0.0) + ((n - x) * math.log((1 - f) / (1 - p)) if n > x else 0.0)
+        if llr <= t.surprise_llr:
+            return
+        self.surprised = True
+        keep = t.surprise_fade
+        self.acc[1] = self.req_acc + keep * (self.acc[1] - self.req_acc)
+        self.tried[1] = self.req_tried + keep * (self.tried[1] - self.req_tried)
 
     def estimates(self) -> list[float]:
         """a_1..a_k_max (index 0 unused), each its counts shrunk toward the estimate before it (acceptance changes

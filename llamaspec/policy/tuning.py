@@ -31,6 +31,10 @@ class AutoTuning:
                                         # pause more (acceptance changes between requests)
     request_fade: float = 0.5           # weight kept of acceptance seen before a new request: lower follows a change of
                                         # text at once, trusts the first judgements of each request more
+    surprise_llr: float = 5.0           # a new request's first judgements this unlikely (log-likelihood ratio) under
+                                        # the estimate it began with let go of the requests before: lower follows a
+                                        # change of text sooner, forgets more on a chance run (0: never)
+    surprise_fade: float = 0.1          # weight kept, then, of position 1's judgements in the requests before
     prior: float = 0.6                  # acceptance assumed before any draft is judged
     prior_weight: float = 0.5           # how firmly position 1 leans on the prior (low: a useless draft shows at once)
     chain_weight: float = 2.0           # how firmly position j leans on j - 1 (high: one rejection does not cut k)
@@ -58,6 +62,9 @@ class AutoTuning:
         for name in ("loss_budget", "prior"):
             if not getattr(self, name) < 1.0:
                 raise InvalidParameterError(f"{name} must be in [0, 1), got {getattr(self, name)!r}", param=name)
+        if self.surprise_fade > 1.0:
+            raise InvalidParameterError(f"surprise_fade must be in [0, 1], got {self.surprise_fade!r}",
+                                        param="surprise_fade")
         for name in ("decay", "stale_decay", "idle_decay", "request_fade"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise InvalidParameterError(f"{name} must be in (0, 1], got {getattr(self, name)!r}", param=name)
