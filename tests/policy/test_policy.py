@@ -424,6 +424,9 @@ def test_tuning_is_validated_once_and_frozen():
         AutoTuning(k_start=0)
     with pytest.raises(InvalidParameterError, match="request_fade"):
         AutoTuning(request_fade=0.0)
+    with pytest.raises(InvalidParameterError, match="surprise_fade"):
+        AutoTuning(surprise_fade=1.5)
+    assert AutoTuning(surprise_fade=0.0, surprise_llr=0.0).surprise_fade == 0.0   # 0: forget at once; 0: never
     with pytest.raises(dataclasses.FrozenInstanceError):
         AutoTuning().decay = 0.5
     assert AutoPolicy(draft_max=2).k_start == 2                   # clipped to draft_max
