@@ -566,7 +566,7 @@ def test_after_a_request_with_a_poor_draft_auto_drafts_again_soon_when_the_next_
 def test_a_request_its_estimate_cannot_explain_lets_go_of_position_one_from_before():
     """After a request drafted 3 tokens and had all accepted for 30 steps, the next one's drafts are rejected at
     position 1 three times: under the estimate the request began with (about 0.96) that has a log-likelihood ratio
-    of ~9.6, above surprise_llr (5), so position 1's judgements from before keep a tenth of their weight and its
+    of about 9, above surprise_llr (5), so position 1's judgements from before keep a tenth of their weight and its
     estimate follows the new text; the later positions' counts stay. Judgements the estimate explains change
     nothing."""
     from llamaspec.policy.costs import Acceptance
