@@ -23,7 +23,9 @@ different token, and sigma(x) everywhere else. A drafted token is accepted (gree
 is not in D, so each draft position is accepted with probability ~ agree independently, and with --agree 0.95,0.1
 --agree-run 2048 one answer keeps one rate for up to 2048 tokens and the next request, starting elsewhere on the
 cycle, may see another. With a real vocabulary (--vocab) G is the tokens that decode to plain text (valid UTF-8 at
-any temperature, so ik_llama.cpp's server answers too) and generation never ends early.
+any temperature, so ik_llama.cpp's server answers too) and generation never ends early; the token list is then
+padded to 152064 ids whatever the preset (Qwen2.5's padded size), so a `tiny` file and a `32b` file of the same
+vocabulary and --seed walk the same runs: which agreement each request meets can be checked on a CPU first.
 """
 from __future__ import annotations
 
@@ -157,7 +159,10 @@ def main() -> None:
     if a.agree_run < 1 or a.draft_layers < 1:
         ap.error("--agree-run and --draft-layers must be at least 1")
     p = dict(PRESETS[a.preset])
-    tokenizer = synth_mtp.Tokenizer(a.vocab, p["n_vocab"], None) if a.vocab is not None else None
+    # with a real vocabulary every preset pads it as the 32b one does, so that a tiny file walks the same runs as a
+    # 32b one of the same vocabulary and seed (the agreement each request sees can be checked on a CPU)
+    tokenizer = synth_mtp.Tokenizer(a.vocab, max(p["n_vocab"], PRESETS["32b"]["n_vocab"]), None) \
+        if a.vocab is not None else None
     if tokenizer is not None:
         p["n_vocab"] = tokenizer.n_vocab
     good = tokenizer.good if tokenizer is not None else np.arange(p["n_vocab"])

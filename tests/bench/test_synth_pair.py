@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.gguf_factory import find_vocab_file
 
+from benchmarks.compare.bench_engine import MIXED
 from benchmarks.synthetic import synth_mtp, synth_pair
 from llamaspec import load_pair
 from llamaspec.policy import FixedPolicy
@@ -72,3 +74,33 @@ def test_bad_arguments_are_one_line(tmp_path, args, flag):
     run = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "p"), "--preset", "tiny", *args],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and flag in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+@pytest.mark.slow
+def test_the_mixed_requests_meet_the_rates_the_construction_gives_them(tmp_path):
+    """Over Qwen2's vocabulary with --seed 4 (the GPU runs' file: a tiny and a 32b file of one vocabulary and seed walk
+    the same runs), bench_engine's five mixed requests meet runs of about 95, 11, 68, 91 and 34% agreement: what the
+    construction gives each (the walk from its prompt's last token) is what k=1 accepts on it."""
+    vocab_file = find_vocab_file("ggml-vocab-qwen2.gguf")
+    if vocab_file is None:
+        pytest.skip("llama.cpp's ggml-vocab-qwen2.gguf unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC)")
+    out = make(tmp_path / "pair", "--agree", "0.95,0.7,0.4,0.1", "--agree-run", "2048", "--vocab", str(vocab_file),
+               "--seed", "4")
+    tokenizer = synth_mtp.Tokenizer(vocab_file, synth_pair.PRESETS["32b"]["n_vocab"], None)
+    vocab = synth_mtp.Vocabulary(tokenizer.n_vocab, TINY["n_embd"], (0.95, 0.7, 0.4, 0.1), 4, tokenizer.good, 2048)
+    expected, measured = [], []
+    with load_pair(str(out / "target.gguf"), str(out / "draft.gguf"), no_repack=True, n_ctx=1024,
+                   n_threads=2) as pair:
+        pair.set_policy(FixedPolicy(1, 0.0))
+        for _, prompt, share in MIXED:
+            n = int(round(share * 128))
+            walk, x = [], int(vocab.sigma[pair.tokenize(prompt)[-1]])
+            for _ in range(n):
+                walk.append(x)
+                x = int(vocab.sigma[x])
+            expected.append(1.0 - float(vocab.in_d[walk].mean()))
+            pair.reset()
+            c = pair.generate(prompt, max_tokens=n)
+            measured.append(c.stats.accepted / c.stats.drafted)
+    assert [round(r, 1) for r in expected] == [0.9, 0.1, 0.7, 0.9, 0.3], expected
+    assert all(abs(m - e) < 0.12 for m, e in zip(measured, expected)), (measured, expected)
