@@ -450,11 +450,11 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
     return lines
 
 
-def per_request_best(fixed: list) -> tuple[float, list[str]] | None:
+def per_request_best(rows: list) -> tuple[float, list[str]] | None:
     """The session's tok/s had each request run in the mode (plain or a fixed k) that was fastest on it (a ceiling
     for a policy that picks one length a request, known only after the run), and which mode that was for each; None
     without a row that ran every request."""
-    full = [r for r in fixed if r.runs and len(r.run_tokens) == len(r.runs) and all(r.runs)]
+    full = [r for r in rows if r.runs and len(r.run_tokens) == len(r.runs) and all(r.runs)]
     if not full or len({len(r.runs) for r in full}) != 1:
         return None
     tokens = seconds = 0.0
