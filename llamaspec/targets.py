@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from .backend.device_sampling import LazyRows
+from .backend.native import env_flag
 from .backend.sequences import batchable, shared_like
 from .backend.state_cache import StateCache
 from .drafters import PromptLookupDrafter, common_prefix_len
@@ -31,7 +33,7 @@ from .drafters.batched_mtp import BatchedMTP
 from .errors import InvalidParameterError
 from .kinds import KINDS, Source, source_of
 from .policy import Hooks
-from .sampling import SamplerConfig, Sampling, draft_filters
+from .sampling import SamplerConfig, Sampling, draft_filters, filter_logits
 from .slots import Slot
 
 BATCHED_DRAFTERS = ("none",) + tuple(k.name for k in KINDS.values() if k.batches)
@@ -335,6 +337,10 @@ class SharedTarget:
                       for i, seq in enumerate(self.ctx.sequences)]
         self._scratch: dict[int, np.ndarray] = {}
         self._rows: dict[int, np.ndarray] = {}   # this step's rows of each verifying slot
+        # sampled slots filter and draw on the device only where asked for (LLAMASPEC_BATCH_DEVICE_SAMPLING=1, on
+        # a context that prefers device sampling: a GPU, or LLAMASPEC_DEVICE_SAMPLING=1); not yet measured on a GPU
+        self.device_sampling = env_flag("LLAMASPEC_BATCH_DEVICE_SAMPLING") and self.ctx.prefers_device_sampling
+        self._chain_seeds: dict[int, int | None] = {}   # slot index -> its chain's seed, until the chain attaches
         self.cache = state_cache(pair, None)
         self._used = [0] * n_seq   # when each slot last took a request (a count of requests)
 
@@ -391,7 +397,8 @@ class SharedTarget:
         return seq.reusable(prompt)
 
     def sampling(self, cfg: SamplerConfig, rng, shaper) -> Sampling | None:
-        return None if cfg.greedy else Sampling(cfg, rng)
+        # shaped rows are numpy's (the target's logits come back); the drafters' rows are numpy's either way
+        return None if cfg.greedy else Sampling(cfg, rng, device=self.device_sampling and shaper is None)
 
     def policy_for(self, slot: Slot):
         policy = copy.deepcopy(self.pair.policy)
@@ -405,6 +412,9 @@ class SharedTarget:
         # greedy needs argmaxes only: taken on the device for the slot's sequence (as LoneTarget.prefill; the
         # sampler stays for the next greedy request), so a step of greedy slots copies no logits out
         self.ctx.set_seq_argmax(slot.seq.seq_id, slot.verifier.wants == "argmax" and self.pair.speculative)
+        if slot.verifier.wants == "dists":   # a chain of the request's filters and seed, attached at its first
+            cfg = slot.sampling.config       # verification (decode)
+            self._chain_seeds[slot.index] = None if cfg.seed is None else int(slot.sampling.rng.integers(1, 2**31))
         if slot.draft is not None:
             slot.draft.begin(slot.prompt[:-1], slot.sampling)
         if slot.lookup is not None:
@@ -463,6 +473,9 @@ class SharedTarget:
             chunk = joining.todo[:min(n, tail) if self.recurrent and 0 < tail < len(joining.todo) else n]
             if chunk:
                 runs.append(Run(joining.seq, chunk, "none"))
+        for s in active:   # every attached chain has rows in every decode: a slot's from its first verification
+            if s.index in self._chain_seeds:   # to its end (SharedContext.set_seq_sampler)
+                self.ctx.set_seq_sampler(s.seq.seq_id, s.sampling.config, self._chain_seeds.pop(s.index))
         t0 = time.perf_counter()
         rows = self.ctx.decode(runs) if runs else []
         if runs and joining is None:   # a prompt chunk's rows cost less than verified ones: not learnt from
@@ -483,7 +496,13 @@ class SharedTarget:
                 _prompt_done(joining, self.contexts)
 
     def rows(self, slot: Slot, tokens: list[int], wants: str):
-        rows = self._rows[slot.index][:len(tokens)]
+        rows = self._rows[slot.index]
+        if wants == "dists":   # the device's rows; where no chain could attach, the logits filtered as numpy does
+            if isinstance(rows, np.ndarray):
+                cfg = slot.sampling.config
+                return LazyRows(lambda i: filter_logits(rows[i], cfg), 0, len(tokens))
+            return rows
+        rows = rows[:len(tokens)]
         if wants != "argmax" or isinstance(rows, list):   # (a list: the argmax tokens of a greedy sampler's sequence)
             return rows
         return rows.argmax(axis=1)
@@ -496,7 +515,14 @@ class SharedTarget:
         """The sequence keeps its history for a later prompt to reuse. The slot's generation shared every pass with
         the others: its time inside llama.cpp is the contexts' while it generated, so `python_overhead` is the share of
         its steps (everyone's drafting, verifying and accepting) spent outside llama.cpp."""
+        self._end_chain(slot)
         _generation_times(slot, self.contexts)
+
+    def _end_chain(self, slot: Slot) -> None:
+        """A finished slot's sampling chain goes (its sequence has no rows from here on); a greedy one's stays."""
+        self._chain_seeds.pop(slot.index, None)
+        if self.ctx.seq_sampler(slot.seq.seq_id):
+            self.ctx.set_seq_sampler(slot.seq.seq_id, None)
 
     @property
     def contexts(self) -> tuple:
@@ -505,6 +531,7 @@ class SharedTarget:
 
     def fail(self, slot: Slot) -> None:
         """A slot that failed mid-step starts over: its sequences may hold a half-done step."""
+        self._end_chain(slot)
         slot.seq.clear()
         if slot.draft is not None and hasattr(slot.draft, "seq"):
             slot.draft.seq.clear()

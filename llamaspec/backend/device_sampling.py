@@ -66,31 +66,16 @@ class DeviceSampling:
         if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
             self._detach_chain()
             return False
-        top_k = cfg.top_k if 0 < cfg.top_k < self.n_vocab else 0
-        key = (cfg.temperature, top_k, cfg.top_p, cfg.min_p, cfg.order)
-        fresh = self._sampling_chain(key, llama_cpp.LLAMA_DEFAULT_SEED if seed is None else seed & 0x7FFFFFFF)
+        key = chain_key(cfg, self.n_vocab)
+        fresh = sampling_chain(key, seed)
         if self._chain_kind == "sample" and self._chain_key == key and hasattr(llama_cpp, "llama_sampler_copy"):
             llama_cpp.llama_sampler_copy(fresh, self._chain)
             llama_cpp.llama_sampler_free(fresh)
             return True
-        self._sorted_rows = cfg.top_p < 1.0 and not top_k  # top-p sorts the vocabulary: the kept ids come first
+        self._sorted_rows = sorted_rows(key)  # top-p sorts the vocabulary: the kept ids come first
         attached = self._attach_chain(fresh, "sample")
         self._chain_key = key if attached else None
         return attached
-
-    @staticmethod
-    def _sampling_chain(key: tuple, seed: int):
-        temperature, top_k, top_p, min_p, order = key
-        samplers = []
-        if top_k:
-            samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
-        if top_p < 1.0:
-            samplers.append(llama_cpp.llama_sampler_init_top_p(top_p, 1))
-        if min_p > 0.0:
-            samplers.append(llama_cpp.llama_sampler_init_min_p(min_p, 1))
-        samplers.insert(len(samplers) if order == LLAMA_CPP else 0, llama_cpp.llama_sampler_init_temp(temperature))
-        samplers.append(llama_cpp.llama_sampler_init_dist(seed))
-        return _chain_of(samplers)
 
     @property
     def device_sampler(self) -> bool:
@@ -109,7 +94,7 @@ class DeviceSampling:
         else:  # a replay left by a checkpoint restore goes in front: the rows asked for follow it
             self._decode(tokens, rows)
             n_rows = len(tokens) if rows == "all" else 1
-            out = _Rows(self._sampled_dist, self._prefix, n_rows) if n_rows > 1 else [self._sampled_dist(-1)]
+            out = LazyRows(self._sampled_dist, self._prefix, n_rows) if n_rows > 1 else [self._sampled_dist(-1)]
         # With several outputs per sequence, llama.cpp's dist sampler replays its random draws in the next decode
         # unless they are committed (one accept per draw): commit them all, so that every draw is fresh.
         for _ in range(n_rows):
@@ -117,29 +102,9 @@ class DeviceSampling:
         return out
 
     def _sampled_dist(self, i: int, token: int | None = None) -> Dist:
-        """Output row i's filtered distribution and draw. A chain's rows all have the shape its filters give them
-        in the graph (top-k: k candidates; no top-k: the whole vocabulary), so their lengths are asked once per
-        chain (`_row_shape`); a row then costs two or three calls into llama.cpp, each of which waits for the device
-        first, not five (the draw is passed in where the decode's sync read it)."""
-        ctx = self._ptr
-        if token is None:
-            token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
-        probs_at = _probs_address(ctx, i)
-        if token < 0 or not probs_at:
-            raise DecodeError("llama.cpp returned no sampled distribution for an output row")
-        shape = self._row_shape
-        if shape is None:
-            shape = self._row_shape = (llama_cpp.llama_get_sampled_probs_count_ith(ctx, i),
-                                       llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i))
-        n_probs, n_ids = shape
-        probs = self._array_view(probs_at, n_probs, np.float32)
-        if not n_ids:
-            return Dist(None, probs, 1.0, draw=token)  # every id, in id order
-        ids = self._array_view(_candidates_address(ctx, i), n_ids, np.int32)
-        if self._sorted_rows:  # sorted by probability, top-p's and min-p's cuts are zeros at the end
-            n_kept = bisect.bisect_left(probs, True, key=_is_zero)
-            ids, probs = ids[:n_kept], probs[:n_kept]
-        return Dist(ids, probs, 1.0, draw=token)
+        """Output row i's filtered distribution and draw (`read_dist`, with this context's one chain)."""
+        dist, self._row_shape = read_dist(self, i, token, self._row_shape, self._sorted_rows)
+        return dist
 
     def _array_view(self, address: int, n: int, dtype) -> np.ndarray:
         key = (address, n, dtype)
@@ -164,6 +129,59 @@ class DeviceSampling:
             llama_cpp.llama_set_sampler(self._ptr, 0, None)
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = self._chain_kind = self._chain_key = self._row_shape = None
+
+
+def read_dist(owner: DeviceSampling, i: int, token: int | None, shape: tuple | None,
+              sorted_rows: bool) -> tuple[Dist, tuple]:
+    """Output (batch) row i's filtered distribution and draw from the chain that sampled it, and the chain's row
+    shape. A chain's rows all have the shape its filters give them in the graph (top-k: k candidates; no top-k: the
+    whole vocabulary), so their lengths are asked once per chain (`shape`, None at first); a row then costs two or
+    three calls into llama.cpp, each of which waits for the device first, not five (the draw is passed in where the
+    decode's sync read it). `sorted_rows`: a chain with top-p and no top-k, whose candidates come best first."""
+    ctx = owner._ptr
+    if token is None:
+        token = llama_cpp.llama_get_sampled_token_ith(ctx, i)
+    probs_at = _probs_address(ctx, i)
+    if token < 0 or not probs_at:
+        raise DecodeError("llama.cpp returned no sampled distribution for an output row")
+    if shape is None:
+        shape = (llama_cpp.llama_get_sampled_probs_count_ith(ctx, i),
+                 llama_cpp.llama_get_sampled_candidates_count_ith(ctx, i))
+    n_probs, n_ids = shape
+    probs = owner._array_view(probs_at, n_probs, np.float32)
+    if not n_ids:
+        return Dist(None, probs, 1.0, draw=token), shape  # every id, in id order
+    ids = owner._array_view(_candidates_address(ctx, i), n_ids, np.int32)
+    if sorted_rows:  # sorted by probability, top-p's and min-p's cuts are zeros at the end
+        n_kept = bisect.bisect_left(probs, True, key=_is_zero)
+        ids, probs = ids[:n_kept], probs[:n_kept]
+    return Dist(ids, probs, 1.0, draw=token), shape
+
+
+def chain_key(cfg: SamplerConfig, n_vocab: int) -> tuple:
+    """What a sampling chain for `cfg` is made of (its filters and their order), for `sampling_chain`."""
+    return (cfg.temperature, cfg.top_k if 0 < cfg.top_k < n_vocab else 0, cfg.top_p, cfg.min_p, cfg.order)
+
+
+def sorted_rows(key: tuple) -> bool:
+    """Whether the rows of a chain of `key` come sorted best first with their cuts at the end (top-p, no top-k)."""
+    return key[2] < 1.0 and not key[1]
+
+
+def sampling_chain(key: tuple, seed: int | None):
+    """A chain of `key`'s filters (chain_key) and a draw seeded from `seed` (None: at random)."""
+    temperature, top_k, top_p, min_p, order = key
+    samplers = []
+    if top_k:
+        samplers.append(llama_cpp.llama_sampler_init_top_k(top_k))
+    if top_p < 1.0:
+        samplers.append(llama_cpp.llama_sampler_init_top_p(top_p, 1))
+    if min_p > 0.0:
+        samplers.append(llama_cpp.llama_sampler_init_min_p(min_p, 1))
+    samplers.insert(len(samplers) if order == LLAMA_CPP else 0, llama_cpp.llama_sampler_init_temp(temperature))
+    samplers.append(llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if seed is None
+                                                      else seed & 0x7FFFFFFF))
+    return _chain_of(samplers)
 
 
 def greedy_chain():
@@ -191,7 +209,7 @@ def attach(ctx, seq_id: int, chain) -> bool:
     return True
 
 
-class _Rows:
+class LazyRows:
     """The rows of one decode, each read from llama.cpp's buffers when first asked for (row i: output `start + i`)."""
 
     __slots__ = ("_read", "_start", "_rows")

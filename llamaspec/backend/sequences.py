@@ -33,8 +33,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextOverflowError, DecodeError
+from ..sampling import SamplerConfig
 from .context import Context
-from .device_sampling import attach, greedy_chain
+from .device_sampling import LazyRows, attach, chain_key, greedy_chain, read_dist, sampling_chain, sorted_rows
 from .model import Model
 from .native import llama_cpp
 from .rollback import PARTIAL_ONLY, NoRollback, Rollback, TailDrop
@@ -165,6 +166,15 @@ class Sequence:
         self.turns = []
 
 
+class _SeqChain:
+    """A sampling chain attached to one sequence (SharedContext.set_seq_sampler) and the shape of its rows."""
+
+    __slots__ = ("chain", "sorted_rows", "shape")
+
+    def __init__(self, chain, sorted_rows: bool):
+        self.chain, self.sorted_rows, self.shape = chain, sorted_rows, None
+
+
 @dataclass
 class Run:
     """One sequence's tokens in a shared decode; outputs: 'all', 'last' or 'none'."""
@@ -200,6 +210,7 @@ class SharedContext(Context):
         self.on_runs = None   # callback(runs) after each llama_decode, before the runs' tokens are recorded (an
         #                       MTP head follows the target's hidden rows through it: drafters/batched_mtp.py)
         self._argmax_chains: dict[int, object] = {}   # seq id -> the greedy chain attached to it (set_seq_argmax)
+        self._sample_chains: dict[int, _SeqChain] = {}   # seq id -> its sampling chain (set_seq_sampler)
 
     def _configure(self, params) -> None:
         params.n_seq_max = self.n_seq
@@ -220,6 +231,8 @@ class SharedContext(Context):
         chain = self._argmax_chains.get(seq_id)
         if on == (chain is not None):
             return on
+        if on and seq_id in self._sample_chains:
+            self.set_seq_sampler(seq_id, None)
         if not on:
             llama_cpp.llama_set_sampler(self._ptr, seq_id, None)
             llama_cpp.llama_sampler_free(self._argmax_chains.pop(seq_id))
@@ -233,9 +246,35 @@ class SharedContext(Context):
     def seq_argmax(self, seq_id: int) -> bool:
         return seq_id in self._argmax_chains
 
-    def decode(self, runs: list[Run]) -> list[np.ndarray | list[int] | None]:
+    def set_seq_sampler(self, seq_id: int, cfg: SamplerConfig | None, seed: int | None = None) -> bool:
+        """Attach a sampling chain for `cfg` (its filters and a draw seeded from `seed`) to one sequence, so that
+        llama.cpp filters that sequence's output rows and draws from them in the graph: `decode` then hands its rows
+        back as sampling.Dist rows (each read when first asked for) and copies no logits for them. None detaches.
+        Returns whether it is attached (a build or device that cannot run every sampler of it keeps the logits).
+        A caller attaches it where the sequence has output rows in every decode from then on and detaches it when
+        they end: with a chain attached to a sequence that has no rows in a decode, the vendored llama.cpp handed
+        other sequences' sampled rows back stale (candidates that were not ids, ids past the vocabulary)."""
+        old = self._sample_chains.pop(seq_id, None)
+        if old is not None:
+            llama_cpp.llama_set_sampler(self._ptr, seq_id, None)
+            llama_cpp.llama_sampler_free(old.chain)
+        if cfg is None or cfg.greedy or not hasattr(llama_cpp, "llama_get_sampled_probs_ith"):
+            return False
+        self.set_seq_argmax(seq_id, False)
+        key = chain_key(cfg, self.n_vocab)
+        chain = sampling_chain(key, seed)
+        if not attach(self._ptr, seq_id, chain):
+            return False
+        self._sample_chains[seq_id] = _SeqChain(chain, sorted_rows(key))
+        return True
+
+    def seq_sampler(self, seq_id: int) -> bool:
+        return seq_id in self._sample_chains
+
+    def decode(self, runs: list[Run]) -> list:
         """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view; for a sequence with
-        a greedy sampler attached, `set_seq_argmax`, their argmax tokens) or None.
+        a greedy sampler attached, `set_seq_argmax`, their argmax tokens; with a sampling chain, `set_seq_sampler`,
+        their filtered distributions and draws, each read when first asked for) or None.
 
         A recurrent state's snapshots live in its cell, and llama.cpp gathers the sequences of a ubatch into
         neighbouring cells without moving the snapshots of those it displaces: a run can be undone only if no later
@@ -257,7 +296,7 @@ class SharedContext(Context):
         if n == 0 or n > self.n_batch:
             raise DecodeError(f"internal: a shared batch of {n} tokens (batch size {self.n_batch})")
         b, start, n_out, spans, raw = self._batch, 0, 0, [], False
-        chains = self._argmax_chains
+        chains, samplers = self._argmax_chains, self._sample_chains
         for run in runs:
             m, seq = len(run.tokens), run.seq
             if seq.n_past + m > self.n_ctx_seq:
@@ -277,7 +316,7 @@ class SharedContext(Context):
             self._seq_of_row[start:end] = seq.seq_id
             rows = run.n_rows
             spans.append((n_out, rows, end - rows))   # (first output row, rows, the batch index of the first)
-            raw = raw or (rows > 0 and seq.seq_id not in chains)
+            raw = raw or (rows > 0 and seq.seq_id not in chains and seq.seq_id not in samplers)
             n_out += rows
             start = end
         b.n_tokens = n
@@ -296,8 +335,18 @@ class SharedContext(Context):
         for run in runs:
             run.seq.tokens.extend(run.tokens)
         view = self._logits_view(ptr, n_out) if raw else None
-        return [None if not rows else self._argmaxes(first, rows) if run.seq.seq_id in chains else view[a:a + rows]
-                for run, (a, rows, first) in zip(runs, spans)]
+        out = []
+        for run, (a, rows, first) in zip(runs, spans):
+            seq_id = run.seq.seq_id
+            if not rows:
+                out.append(None)
+            elif seq_id in chains:
+                out.append(self._argmaxes(first, rows))
+            elif seq_id in samplers:
+                out.append(self._dists(samplers[seq_id], first, rows))
+            else:
+                out.append(view[a:a + rows])
+        return out
 
     def _argmaxes(self, first: int, n: int) -> list[int]:
         """The device's argmax tokens of batch entries first .. first + n - 1 (a sequence with a greedy sampler)."""
@@ -306,6 +355,19 @@ class SharedContext(Context):
         if min(out) < 0:
             raise DecodeError("llama.cpp returned no argmax token for an output row")
         return out
+
+    def _dists(self, sc: _SeqChain, first: int, n: int) -> LazyRows:
+        """The filtered rows of batch entries first .. first + n - 1 (a sequence with a sampling chain), each read
+        when first asked for. Each of the chain's draws is committed now (one accept a row): with several outputs
+        of a sequence, llama.cpp's dist sampler would otherwise replay its draws in the next decode."""
+        for _ in range(n):
+            llama_cpp.llama_sampler_accept(sc.chain, 0)
+
+        def read(i: int):
+            dist, sc.shape = read_dist(self, i, None, sc.shape, sc.sorted_rows)
+            return dist
+
+        return LazyRows(read, first, n)
 
     def _undo_runs(self, runs: list[Run]) -> None:
         """After a failed decode: whatever part llama.cpp stored goes, every sequence is as before (a recurrent state
@@ -320,6 +382,8 @@ class SharedContext(Context):
         if self._ptr is not None:
             for seq_id in list(self._argmax_chains):
                 self.set_seq_argmax(seq_id, False)
+            for seq_id in list(self._sample_chains):
+                self.set_seq_sampler(seq_id, None)
         super().close()
 
 
