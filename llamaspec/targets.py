@@ -23,7 +23,6 @@ import time
 import numpy as np
 
 from .backend.device_sampling import LazyRows
-from .backend.native import env_flag
 from .backend.sequences import batchable, shared_like
 from .backend.state_cache import StateCache
 from .drafters import PromptLookupDrafter, common_prefix_len
@@ -337,9 +336,7 @@ class SharedTarget:
                       for i, seq in enumerate(self.ctx.sequences)]
         self._scratch: dict[int, np.ndarray] = {}
         self._rows: dict[int, np.ndarray] = {}   # this step's rows of each verifying slot
-        # sampled slots filter and draw on the device only where asked for (LLAMASPEC_BATCH_DEVICE_SAMPLING=1, on
-        # a context that prefers device sampling: a GPU, or LLAMASPEC_DEVICE_SAMPLING=1); not yet measured on a GPU
-        self.device_sampling = env_flag("LLAMASPEC_BATCH_DEVICE_SAMPLING") and self.ctx.prefers_device_sampling
+        self.device_sampling = self.ctx.samples_on_device   # sampled slots' chains (off unless asked for)
         self._chain_seeds: dict[int, int | None] = {}   # slot index -> its chain's seed, until the chain attaches
         self.cache = state_cache(pair, None)
         self._used = [0] * n_seq   # when each slot last took a request (a count of requests)

@@ -37,7 +37,7 @@ from ..sampling import SamplerConfig
 from .context import Context
 from .device_sampling import LazyRows, attach, chain_key, greedy_chain, read_dist, sampling_chain, sorted_rows
 from .model import Model
-from .native import llama_cpp
+from .native import env_flag, llama_cpp
 from .rollback import PARTIAL_ONLY, NoRollback, Rollback, TailDrop
 from .state_cache import SavedSeq, read_seq, write_seq
 
@@ -270,6 +270,13 @@ class SharedContext(Context):
 
     def seq_sampler(self, seq_id: int) -> bool:
         return seq_id in self._sample_chains
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether sampled sequences should get sampling chains (set_seq_sampler): only where asked for
+        (LLAMASPEC_BATCH_DEVICE_SAMPLING=1; not yet measured on a GPU), on a context that prefers device sampling (a
+        GPU, or LLAMASPEC_DEVICE_SAMPLING=1)."""
+        return env_flag("LLAMASPEC_BATCH_DEVICE_SAMPLING") and self.prefers_device_sampling
 
     def decode(self, runs: list[Run]) -> list:
         """Decode every run in one llama_decode; each run's rows (a (rows, n_vocab) float32 view; for a sequence with
