@@ -305,18 +305,41 @@ def write_metadata(w: GGUFWriter, p: dict, tokenizer: Tokenizer | None) -> None:
     w.add_token_types([1] * p["n_vocab"])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+def add_agree_args(ap: argparse.ArgumentParser, drafter: str) -> None:
+    """--agree and --agree-run, as the synthetic files take them (`drafter`: what predicts the target)."""
     ap.add_argument("--agree", default="0.7",
-                    help="fraction of the vocabulary the head predicts right; a comma-separated list (0.95,0.7,0.3) "
+                    help=f"fraction of the vocabulary {drafter} predicts right; a comma-separated list (0.95,0.7,0.3) "
                          "gives each run of --agree-run tokens along the cycle the next rate in turn: a greedy "
                          "answer stays in one run for up to that many tokens, so requests see different acceptance "
                          "(a mixed workload)")
     ap.add_argument("--agree-run", type=int, default=1024,
                     help="with a list of --agree rates: tokens of the cycle (in the order greedy decoding walks it) "
                          "per rate [1024]")
+
+
+def agree_rates(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[float]:
+    """The --agree rates, checked (with --agree-run): a bad one is the parser's one-line error."""
+    try:
+        rates = [float(x) for x in a.agree.split(",")]
+    except ValueError:
+        ap.error(f"--agree: {a.agree!r} is not a number or a comma-separated list of numbers")
+    if not all(0.0 <= r <= 1.0 for r in rates) or max(rates) <= 0.0:
+        ap.error("--agree: each rate in [0, 1], and one of them above 0")
+    if a.agree_run < 1:
+        ap.error("--agree-run must be at least 1")
+    return rates
+
+
+def agreement_asked(a: argparse.Namespace, rates: list[float]) -> str:
+    """What was asked, for the closing report: the rates, and their runs where there are several."""
+    return f"{a.agree}{f' in runs of {a.agree_run}' if len(rates) > 1 else ''}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    add_agree_args(ap, "the head")
     ap.add_argument("--scale", type=float, default=None,
                     help="output logit scale [default: p(top) ~ 0.75 at T=0.8: 0.15 at 27b, 0.47 at tiny with the "
                          "test vocabulary; solved for the good tokens with --vocab]")
@@ -327,14 +350,7 @@ def main() -> None:
     ap.add_argument("--header-only", action="store_true",
                     help="write the header only, the tensor data a hole of its size (for header readers: check)")
     a = ap.parse_args()
-    try:
-        rates = [float(x) for x in a.agree.split(",")]
-    except ValueError:
-        ap.error(f"--agree: {a.agree!r} is not a number or a comma-separated list of numbers")
-    if not all(0.0 <= r <= 1.0 for r in rates) or max(rates) <= 0.0 or (len(rates) == 1 and rates[0] <= 0.0):
-        ap.error("--agree: each rate in [0, 1], and one of them above 0")
-    if a.agree_run < 1:
-        ap.error("--agree-run must be at least 1")
+    rates = agree_rates(ap, a)
     p = dict(PRESETS[a.preset])
     template = a.chat_template.read_text(encoding="utf-8") if a.chat_template is not None else None
     tokenizer = Tokenizer(a.vocab, p["n_vocab"], template) if a.vocab is not None else None
@@ -413,8 +429,8 @@ def main() -> None:
     p_top = np.exp(z.max(axis=1) - np.logaddexp.reduce(z, axis=1))
     argmax_ok = np.mean(logits.argmax(axis=1) == vocab.sigma[probe_tokens])
     print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, {a.preset}) in {time.perf_counter() - t0:.0f} s: "
-          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked {a.agree}"
-          f"{f' in runs of {a.agree_run}' if len(rates) > 1 else ''}); the trunk's "
+          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked "
+          f"{agreement_asked(a, rates)}); the trunk's "
           f"argmax is sigma(x) for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
           f"{np.median(p_top):.2f} (scale {scale})", file=sys.stderr)
 

@@ -136,12 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--agree", default="0.7",
-                    help="fraction of the vocabulary the draft predicts right; a comma-separated list (0.95,0.7,0.3) "
-                         "gives each run of --agree-run tokens along the cycle the next rate in turn (a mixed "
-                         "workload: one answer keeps one rate, the next request may see another)")
-    ap.add_argument("--agree-run", type=int, default=1024,
-                    help="with a list of --agree rates: tokens of the cycle per rate, in greedy order [1024]")
+    synth_mtp.add_agree_args(ap, "the draft")
     ap.add_argument("--scale", type=float, default=None,
                     help="output logit scale [default: p(top) ~ 0.75 at T=0.8 over the good tokens]")
     ap.add_argument("--seed", type=int, default=0)
@@ -150,14 +145,9 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=2, help="the draft's blocks [2]")
     ap.add_argument("--draft-ff", type=int, default=None, help="the draft's FFN size [2048 at 32b, 256 at tiny]")
     a = ap.parse_args()
-    try:
-        rates = [float(x) for x in a.agree.split(",")]
-    except ValueError:
-        ap.error(f"--agree: {a.agree!r} is not a number or a comma-separated list of numbers")
-    if not all(0.0 <= r <= 1.0 for r in rates) or max(rates) <= 0.0:
-        ap.error("--agree: each rate in [0, 1], and one of them above 0")
-    if a.agree_run < 1 or a.draft_layers < 1:
-        ap.error("--agree-run and --draft-layers must be at least 1")
+    rates = synth_mtp.agree_rates(ap, a)
+    if a.draft_layers < 1:
+        ap.error("--draft-layers must be at least 1")
     p = dict(PRESETS[a.preset])
     # with a real vocabulary every preset pads it as the 32b one does, so that a tiny file walks the same runs as a
     # 32b one of the same vocabulary and seed (the agreement each request sees can be checked on a CPU)
@@ -192,7 +182,7 @@ def main() -> None:
                                                                             a.out_dir / "draft.gguf"))
     print(f"wrote {a.out_dir} ({sizes}; {a.preset}, draft {d['n_layer']} blocks of FFN {d['n_ff']}) in "
           f"{time.perf_counter() - t0:.0f} s: draft agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens "
-          f"(asked {a.agree}{f' in runs of {a.agree_run}' if len(rates) > 1 else ''}); of {len(probe)} probed tokens "
+          f"(asked {synth_mtp.agreement_asked(a, rates)}); of {len(probe)} probed tokens "
           f"the target's argmax is sigma(x) for {100 * target_ok:.0f}% and the draft agrees exactly outside D for "
           f"{100 * draft_ok:.0f}% (scale {scale})", file=sys.stderr)
 
