@@ -330,9 +330,10 @@ def agree_rates(ap: argparse.ArgumentParser, a: argparse.Namespace) -> list[floa
     return rates
 
 
-def agreement_asked(a: argparse.Namespace, rates: list[float]) -> str:
-    """What was asked, for the closing report: the rates, and their runs where there are several."""
-    return f"{a.agree}{f' in runs of {a.agree_run}' if len(rates) > 1 else ''}"
+def agreement_said(drafter: str, vocab: "Vocabulary", a: argparse.Namespace, rates: list[float]) -> str:
+    """The closing report's account of agreement: what the file has against what was asked."""
+    runs = f" in runs of {a.agree_run}" if len(rates) > 1 else ""
+    return f"{drafter} agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked {a.agree}{runs})"
 
 
 def main() -> None:
@@ -429,9 +430,8 @@ def main() -> None:
     p_top = np.exp(z.max(axis=1) - np.logaddexp.reduce(z, axis=1))
     argmax_ok = np.mean(logits.argmax(axis=1) == vocab.sigma[probe_tokens])
     print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.2f} GiB, {a.preset}) in {time.perf_counter() - t0:.0f} s: "
-          f"head agreement {vocab.agreement:.3f} of {len(vocab.good)} good tokens (asked "
-          f"{agreement_asked(a, rates)}); the trunk's "
-          f"argmax is sigma(x) for {100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
+          f"{agreement_said('head', vocab, a, rates)}; the trunk's argmax is sigma(x) for "
+          f"{100 * argmax_ok:.0f}% of probed tokens; p(top) at T=0.8: median "
           f"{np.median(p_top):.2f} (scale {scale})", file=sys.stderr)
 
 
