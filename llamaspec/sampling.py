@@ -183,21 +183,31 @@ class Dist:
     past the end have probability 0 (a draft vocabulary shorter than the target's). `total` is computed when first
     needed (a dense row's sum is a vocabulary pass; sampling computes it on the way). `draw`: a token already drawn
     from this distribution with randomness of its own (llama.cpp's sampler chain), or -1; `sample` uses it once.
-    Weights may be views into llama.cpp's buffers: `copy` what must outlive the next decode.
+    Weights may be views into llama.cpp's buffers: `copy` what must outlive the next decode. A long dense row's
+    total is the sum of its block sums (`block_sums`), which a draw from it then reuses: the vocabulary is summed once.
     """
 
-    __slots__ = ("ids", "weights", "_total", "peak", "draw", "_known")
+    __slots__ = ("ids", "weights", "_total", "peak", "draw", "_known", "_sums")
 
     def __init__(self, ids: np.ndarray | None, weights: np.ndarray, total: float | None = None,
                  peak: float | None = None, draw: int = -1):
         self.ids, self.weights, self._total, self.peak, self.draw = ids, weights, total, peak, draw
         self._known = (-1, 0.0)   # a sparse row's last prob(token) (a draft token's q(x) is asked twice a step)
+        self._sums: np.ndarray | None = None
 
     @property
     def total(self) -> float:
         if self._total is None:
-            self._total = float(self.weights.sum(dtype=np.float64))
+            sums = self.block_sums()
+            self._total = float(sums.sum() if sums is not None else self.weights.sum(dtype=np.float64))
         return self._total
+
+    def block_sums(self) -> np.ndarray | None:
+        """A long dense row's mass in blocks of ids (float64, read-only: shared with copies), computed once: the
+        total and a draw (`_sample_dense`) both need them. None for a sparse or short row."""
+        if self._sums is None and self.ids is None and len(self.weights) > 4 * _SAMPLE_BLOCK:
+            self._sums = _block_sums(self.weights)
+        return self._sums
 
     def prob(self, token: int) -> float:
         if self.ids is None:
@@ -245,7 +255,9 @@ class Dist:
             weights[:] = self.weights
         else:
             weights = self.weights.copy()
-        return Dist(None if self.ids is None else self.ids.copy(), weights, self._total, self.peak)
+        out = Dist(None if self.ids is None else self.ids.copy(), weights, self._total, self.peak)
+        out._sums = self._sums
+        return out
 
 
 def as_dist(probs: "Dist | np.ndarray") -> Dist:
@@ -346,7 +358,7 @@ def sample(dist: Dist, rng: np.random.Generator) -> int:
         if dist.prob(token) > 0.0:  # a draw outside the support could only come from rounding in its sampler
             return token
     if dist.ids is None:
-        token, dist._total = _sample_dense(dist.weights, rng)
+        token, dist._total = _sample_dense(dist.weights, rng, sums=dist.block_sums())
         return token
     cdf = np.cumsum(dist.weights, dtype=np.float64)
     return int(dist.ids[_first_above(cdf, rng.random() * cdf[-1], dist.weights)])
@@ -360,8 +372,18 @@ def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:
     return _sample_dense(probs, rng)[0]
 
 
+def _block_sums(probs: np.ndarray) -> np.ndarray:
+    """The masses of a vector's blocks of _SAMPLE_BLOCK ids (the last block may be shorter), as float64. Each block
+    is summed in the vector's own precision (pairwise: a float32 row's block sums are as exact as its weights, at
+    half the time of a float64 pass); the blocks add up in float64."""
+    n = probs.shape[0]
+    n_full = n - n % _SAMPLE_BLOCK
+    sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1).astype(np.float64)
+    return np.append(sums, float(probs[n_full:].sum())) if n_full < n else sums
+
+
 def _sample_dense(probs: np.ndarray, rng: np.random.Generator, scale: float = 1.0, at: np.ndarray | None = None,
-                  values: np.ndarray | None = None) -> tuple[int, float]:
+                  values: np.ndarray | None = None, sums: np.ndarray | None = None) -> tuple[int, float]:
     """One id drawn from a non-negative vector, and the vector's sum; (-1, 0.0) when the vector is all zeros.
 
     Inverse-CDF sampling in two levels: pick a block of 1024 ids by the blocks' masses, then the id inside it.
@@ -369,7 +391,8 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator, scale: float = 1.
     vectorise, and only one block needs a cumulative sum (0.1 ms). Ids of probability 0 are never drawn.
     With `at` (distinct ids) the vector is `scale * probs` but `values` at those ids: a residual that is the
     target's row but at a draft's few candidates, drawn with no vector of the vocabulary's size written (the block
-    sums of probs, corrected at those ids, then the one block the draw falls in).
+    sums of probs, corrected at those ids, then the one block the draw falls in). `sums`: probs' block sums where
+    they are known (`Dist.block_sums`; read, never written).
     """
     n = probs.shape[0]
     if at is not None and n <= 4 * _SAMPLE_BLOCK:
@@ -381,10 +404,7 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator, scale: float = 1.
         if cdf[-1] <= 0.0:
             return -1, 0.0
         return _first_above(cdf, rng.random() * cdf[-1], probs), float(cdf[-1])
-    n_full = n - n % _SAMPLE_BLOCK
-    sums = probs[:n_full].reshape(-1, _SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
-    if n_full < n:
-        sums = np.append(sums, probs[n_full:].sum(dtype=np.float64))
+    sums = _block_sums(probs) if sums is None else sums.copy() if at is not None else sums
     if at is not None:
         sums *= scale
         np.add.at(sums, at // _SAMPLE_BLOCK, values - probs[at] * np.float64(scale))
@@ -405,7 +425,9 @@ def _sample_dense(probs: np.ndarray, rng: np.random.Generator, scale: float = 1.
     inner = np.cumsum(block, dtype=np.float64)
     if inner[-1] <= 0.0:   # a block whose corrected sum only rounding kept above 0: nothing to draw here
         return -1, 0.0
-    return lo + _first_above(inner, u - (cdf[b - 1] if b else 0.0), block), float(cdf[-1])
+    # u's place in the block, on the scale of the block's own cumulative sum (its sum above was rounded apart)
+    u_in = (u - (cdf[b - 1] if b else 0.0)) * (inner[-1] / sums[b])
+    return lo + _first_above(inner, u_in, block), float(cdf[-1])
 
 
 def _first_above(cdf: np.ndarray, u: float, probs: np.ndarray) -> int:

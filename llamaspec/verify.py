@@ -70,7 +70,8 @@ def sample_residual(p: Dist, q: Dist, rng: np.random.Generator) -> int:
         ids = q.ids[inside]
         p_at = p.weights[ids] * np.float64(1.0 / p.total)
         token, _ = _sample_dense(p.weights, rng, 1.0 / p.total, ids,
-                                 np.maximum(p_at - q.weights[inside] * np.float64(1.0 / q.total), 0.0))
+                                 np.maximum(p_at - q.weights[inside] * np.float64(1.0 / q.total), 0.0),
+                                 sums=p.block_sums())
     else:
         token, _ = _sample_dense(_dense_residual(p, q), rng)
     return token if token >= 0 else sample(Dist(None, p.weights, p.total), rng)

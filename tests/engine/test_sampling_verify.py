@@ -426,3 +426,30 @@ def test_sample_residual_draws_what_sampling_the_formula_draws():
             want = sample(_residual_by_the_formula(p, q), before)
             assert sample_residual(Dist(None, p.weights, p._total), q, after) == want
             assert after.random() == before.random()   # as many random numbers used
+
+
+def test_a_dense_rows_total_and_its_draw_share_one_pass_over_the_vocabulary(monkeypatch):
+    """p(x) asks a dense row's total, and a rejection then draws from the same row: its block sums are computed once
+    (float32 blocks, float64 across them: the total within float32's rounding of the float64 sum), kept by a copy,
+    and the draws still follow the row."""
+    import llamaspec.sampling as sampling
+    from llamaspec.verify import sample_residual
+
+    calls = []
+    real = sampling._block_sums
+    monkeypatch.setattr(sampling, "_block_sums", lambda probs: calls.append(len(probs)) or real(probs))
+    n, rng = 9000, np.random.default_rng(3)
+    w = rng.random(n).astype(np.float32) ** 8
+    w[[10, 4100, 8999]] = [40.0, 30.0, 20.0]
+    p = Dist(None, w)
+    assert abs(p.total - float(w.sum(dtype=np.float64))) <= 1e-6 * p.total
+    q = Dist(np.array([10, 4100]), np.array([0.9, 0.1], dtype=np.float32))
+    sample_residual(p, q, rng)
+    sample(p.copy(), rng)
+    assert calls == [n]
+    draws = np.bincount([sample(Dist(None, w), rng) for _ in range(6000)], minlength=n)
+    groups = [[10], [4100], [8999]]
+    rest = np.setdiff1d(np.arange(n), np.concatenate(groups))
+    probs = w.astype(np.float64) / w.sum(dtype=np.float64)
+    assert_follows(np.array([draws[g].sum() for g in groups] + [draws[rest].sum()]),
+                   np.array([probs[g].sum() for g in groups] + [probs[rest].sum()]))
