@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ..sampling import Sampling, filter_logits, max_prob, sample
+from ..sampling import Sampling, draft_filters, filter_logits, max_prob, sample
 from .base import Draft, Drafter, ProbsBuffer, common_prefix_len
 
 
@@ -33,6 +33,7 @@ class ModelDrafter(Drafter):
         self._known_equal = 0     # ctx.tokens[:known_equal] == history[offset:offset + known_equal]
         self._base = 0            # cache length before the last proposal's `last`
         self._sampling: Sampling | None = None
+        self._filters = None   # the request's filters cut to the draft's best candidates (draft_filters)
         self._probs = ProbsBuffer(max(n_vocab_target, ctx.n_vocab))
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)   # for the confidence stop
         self.branch = None   # tree verification (tree.py): called with (i, logits, q, token) for each drafted row
@@ -40,6 +41,7 @@ class ModelDrafter(Drafter):
     # -- keeping in step ---------------------------------------------------------------------------------------
     def begin(self, history, sampling, p_min, prefill) -> None:
         self._sampling = sampling
+        self._filters = draft_filters(sampling.config) if sampling is not None else None
         self._known_equal = 0     # a new generation: the history may have changed anywhere
         # greedy without a confidence stop needs only argmaxes: let llama.cpp take them on the device
         self.ctx.set_device_argmax(sampling is None and p_min <= 0)
@@ -112,8 +114,8 @@ class ModelDrafter(Drafter):
             if sampling is None:
                 token = int(logits.argmax())
                 confidence = max_prob(logits, self._scratch, logits[token]) if p_min > 0 else 1.0
-            else:  # a dense q lands in row i (past the draft's vocabulary q is 0: Dist.prob knows its length)
-                q = filter_logits(logits, sampling.config, rows[i][:self.n_vocab])
+            else:  # q: the request's filters cut to the draft's best candidates, as on the device (draft_filters)
+                q = filter_logits(logits, self._filters, rows[i][:self.n_vocab])
                 token = sample(q, sampling.rng)
                 confidence = q.max_prob() if p_min > 0 else 1.0
                 dists.append(q)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import Sampling, filter_logits, max_prob, sample
+from ..sampling import Sampling, draft_filters, filter_logits, max_prob, sample
 from .base import Draft, Drafter, ProbsBuffer, common_prefix_len
 
 RING_ROWS = 1024
@@ -105,6 +105,7 @@ class MTPDrafter(Drafter):
         self._valid = 0                         # ctx positions < _valid hold entries made from target states
         self._base = 0                          # len(history) at the last proposal
         self._sampling: Sampling | None = None
+        self._filters = None   # the request's filters cut to the draft's best candidates (draft_filters)
         self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(n_vocab_target, dtype=np.float32)    # for the confidence stop
         # the ring holds what the head may be behind on plus one decode
@@ -153,6 +154,7 @@ class MTPDrafter(Drafter):
     def begin(self, history, sampling, p_min, prefill) -> None:
         # the target's prefill has been recorded; greedy without a confidence stop needs argmaxes only
         self._sampling = sampling
+        self._filters = draft_filters(sampling.config) if sampling is not None else None
         self.ctx.set_device_argmax(sampling is None and p_min <= 0)
 
     def propose(self, history, last, max_len, p_min) -> Draft:
@@ -183,7 +185,7 @@ class MTPDrafter(Drafter):
                     if q.prob(token) <= 0:              # rounding on the device: a draw q gives no mass
                         break
                 else:
-                    q = filter_logits(ctx.last_logits(), sampling.config, rows[i])
+                    q = filter_logits(ctx.last_logits(), self._filters, rows[i])
                     token = sample(q, sampling.rng)
                 confidence = q.max_prob() if p_min > 0 else 1.0
                 dists.append(q)

@@ -260,16 +260,25 @@ def test_sampled_speculation_keeps_the_target_distribution(device, order):
     assert_follows(counts, p)
 
 
+@pytest.mark.parametrize("device", [True, False], ids=["device", "numpy"])
 @pytest.mark.parametrize("cfg", [SamplerConfig(1.3), SamplerConfig(1.1, top_p=0.97, order="llama.cpp")],
                          ids=["temperature", "top-p"])
-def test_a_draft_cut_to_its_best_candidates_keeps_the_target_distribution(cfg, monkeypatch):
-    """On the device a drafter draws from its DRAFT_TOP_K best candidates (4 of 64 here) while the target filters
-    as asked: acceptance changes, the output's distribution does not."""
+def test_a_draft_cut_to_its_best_candidates_keeps_the_target_distribution(cfg, device, monkeypatch):
+    """A drafter draws from its DRAFT_TOP_K best candidates (4 of 64 here), on the device or in numpy, while the
+    target filters as asked: acceptance changes, the output's distribution does not."""
+    from llamaspec.drafters import model
+
     monkeypatch.setattr(sampling, "DRAFT_TOP_K", 4)
-    pair = fake_device_pair(0.6, FixedPolicy(2), sharpness=1.5)
+    cut, real = [], model.filter_logits
+    monkeypatch.setattr(model, "filter_logits", lambda row, c, out=None: (cut.append(c.top_k), real(row, c, out))[1])
+    pair = (fake_device_pair if device else fake_pair)(0.6, FixedPolicy(2), sharpness=1.5)
     counts = _first_token_counts(pair, cfg, 3000)
-    assert pair.draft_ctx.sampler.top_k == 4 and pair.target_ctx.sampler.top_k == 0
-    assert pair.last_stats.drafted > 0 and pair.target_ctx.dist_evals >= 3000
+    if device:
+        assert pair.draft_ctx.sampler.top_k == 4 and pair.target_ctx.sampler.top_k == 0
+        assert pair.target_ctx.dist_evals >= 3000 and not cut
+    else:   # every drafted row was filtered in numpy, cut to its 4 best candidates
+        assert cut and set(cut) == {4}
+    assert pair.last_stats.drafted > 0
     assert_follows(counts, filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64))
 
 
