@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kinds import KINDS
-from ..sampling import Sampling
+from ..sampling import Dist, Sampling
 
 
 @dataclass
@@ -22,6 +22,13 @@ class Draft:
 
 
 NO_DRAFT = Draft([])
+_ONE = np.ones(1, dtype=np.float32)
+
+
+def point_masses(drafted: list[int]) -> list[Dist]:
+    """q for tokens proposed deterministically (a lookup, an argmax): a point mass on each, exact under the rejection
+    rule; sparse, nothing vocabulary-sized."""
+    return [Dist(np.array([t]), _ONE, 1.0, peak=1.0) for t in drafted]
 
 
 class Drafter(abc.ABC):

@@ -1,12 +1,13 @@
 """EAGLE-3: a one-layer draft over the target's own features, drafting one token per step (llama.cpp's
 common_speculative_impl_draft_eagle3, examples/speculative-simple).
 
-The target's inputs of three layers at position P, concatenated, go through the draft's encoder (fc) to one row
-g_P. The draft's decoder at position P takes the pair (token at P+1, g_P) and predicts the token at P+2; so the pair
-of the newest position waits for the next token (the "deferred boundary"): the cache holds the pairs of positions
-< _fed - 1, and row 0 of `_g` is g of position _fed - 1. A draft starts with (last, that row) at _fed - 1, goes on
-from the draft's own pre-norm hidden rows; its entries are dropped afterwards (the verification's features
-replace them). Drafting samples from the draft's distribution, so q is that distribution (top-k etc. applied).
+The target's inputs of three layers at position P, concatenated, go through the draft's encoder (fc) to one row g_P.
+The draft's decoder at position P takes the pair (token at P+1, g_P) and predicts the token at P+2; so the pair of
+the newest position waits for the next token (the "deferred boundary"): the cache holds the pairs of positions <
+_fed - 1, and row 0 of `_g` is g of position _fed - 1. A draft starts with (last, that row) at _fed - 1, goes on
+from the draft's own pre-norm hidden rows; its entries are dropped afterwards (the verification's features replace
+them). Drafting samples from the draft's distribution, so q is that distribution (the request's filters, cut to the
+draft's DRAFT_TOP_K best candidates as every drafter's are).
 
 The g rows of the last RING_ROWS positions are kept, so when the target goes back inside them (a regenerated reply,
 a new conversation with the same system prompt) the pair at the new boundary is rebuilt exactly. Further back, the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import filtered_probs, max_prob, sample_from
+from ..sampling import draft_filters, filter_logits, max_prob, sample
 from .base import NO_DRAFT, Draft
 from .features import HiddenStateDrafter
 
@@ -77,8 +78,8 @@ class Eagle3Drafter(HiddenStateDrafter):
         ctx, sampling = self.ctx, self._sampling
         greedy = sampling is None and p_min <= 0
         ctx.set_device_argmax(greedy)   # argmaxes only: taken on the device, no logits copied
-        probs = self._probs.rows(max_len) if sampling is not None else None
-        drafted: list[int] = []
+        cut = draft_filters(sampling.config) if sampling is not None else None   # as on the device (draft_filters)
+        dists, drafted = [], []
         ctx.decode([last], pos0 - 1, self._g[:1], outputs=1)   # completes the deferred pair
         for i in range(max_len):
             if greedy:
@@ -88,13 +89,11 @@ class Eagle3Drafter(HiddenStateDrafter):
                 if sampling is None:
                     token = int(logits.argmax())
                     confidence = max_prob(logits, self._scratch, logits[token])
-                else:
-                    q = probs[i]
-                    if self.n_vocab < len(q):
-                        q[self.n_vocab:] = 0.0
-                    filtered_probs(logits, sampling.config, out=q[:self.n_vocab])
-                    token = sample_from(q, sampling.rng)
-                    confidence = float(q.max()) if p_min > 0 else 1.0
+                else:   # the request's filters cut to the draft's best candidates: no dense row a drafted token
+                    q = filter_logits(logits, cut)
+                    token = sample(q, sampling.rng)
+                    confidence = q.max_prob() if p_min > 0 else 1.0
+                    dists.append(q)
             if confidence < p_min or token >= self.n_vocab_target:
                 break
             drafted.append(token)
@@ -103,4 +102,4 @@ class Eagle3Drafter(HiddenStateDrafter):
             # the next pair: (drafted token, the draft's own pre-norm state at the previous position)
             ctx.decode([token], pos0 + i, ctx.hidden(-1)[None, :], outputs=1)
         ctx.keep(pos0 - 1)   # back to the pairs of the history; the verification brings the real features
-        return Draft(drafted, probs[:len(drafted)] if probs is not None else None, setup)
+        return Draft(drafted, dists[:len(drafted)] if sampling is not None else None, setup)

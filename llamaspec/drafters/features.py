@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ..sampling import Sampling
-from .base import Drafter, ProbsBuffer
+from .base import Drafter, point_masses
 
 
 class HiddenStateDrafter(Drafter):
@@ -37,7 +37,6 @@ class HiddenStateDrafter(Drafter):
         self._fed = 0            # target positions < _fed are in the draft's cache
         self._n = 0              # tail: positions _fed .. _fed + _n - 1
         self._sampling: Sampling | None = None
-        self._probs = ProbsBuffer(n_vocab_target)
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
         if ctx.target_ctx.on_decode is not None:
             raise RuntimeError("internal: the target context already has a decode observer")
@@ -113,11 +112,6 @@ class HiddenStateDrafter(Drafter):
         self.ctx.model.close()
 
     # -- shared by the kinds ------------------------------------------------------------------------------------
-    def _point_masses(self, drafted: list[int]) -> np.ndarray | None:
-        """q for tokens chosen deterministically (argmax): a point mass on each, exact under the rejection rule."""
-        if self._sampling is None or not drafted:
-            return None
-        probs = self._probs.rows(len(drafted))[:len(drafted)]
-        probs.fill(0.0)
-        probs[np.arange(len(drafted)), drafted] = 1.0
-        return probs
+    def _point_masses(self, drafted: list[int]) -> list | None:
+        """q for tokens chosen deterministically (argmax), in sampling mode."""
+        return point_masses(drafted) if self._sampling is not None and drafted else None

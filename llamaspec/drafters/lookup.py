@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import Dist
-from .base import NO_DRAFT, Draft, Drafter
+from .base import NO_DRAFT, Draft, Drafter, point_masses
 
 
 class PromptLookupDrafter(Drafter):
@@ -25,7 +24,6 @@ class PromptLookupDrafter(Drafter):
         self._len = 0
         self._source: list[int] | None = None
         self._sampling = False
-        self._one = np.ones(1, dtype=np.float32)
 
     def begin(self, history, sampling, p_min, prefill) -> None:
         self._source, self._len = None, 0
@@ -64,9 +62,7 @@ class PromptLookupDrafter(Drafter):
         drafted = self.lookup(self._tokens(history, last), max_len)
         if not drafted:
             return NO_DRAFT
-        # in sampling mode q is a point mass on each proposed token: sparse, nothing vocabulary-sized
-        probs = [Dist(np.array([t]), self._one, 1.0, peak=1.0) for t in drafted] if self._sampling else None
-        return Draft(drafted, probs)
+        return Draft(drafted, point_masses(drafted) if self._sampling else None)
 
 
 class CombinedDrafter(Drafter):

@@ -276,12 +276,14 @@ def test_own_embeddings_head_and_a_reduced_vocabulary(models):
 
 
 # -- sampling: exactly the target's distribution -----------------------------------------------------------------
+@pytest.mark.parametrize("top_k", [4, 0], ids=["top-k", "temperature-only"])
 @pytest.mark.parametrize("draft", ["eagle3-noisy", "dflash-emulate"])
 @pytest.mark.slow
-def test_sampling_keeps_the_target_distribution_of_the_first_token(models, draft):
-    """EAGLE-3 drafts from its own distribution q; DFlash drafts argmaxes, q = a point mass. Either way the first
-    emitted token (accepted draft, or a residual draw after a rejection) follows the target's p."""
-    cfg = SamplerConfig(temperature=1.0, top_k=4)
+def test_sampling_keeps_the_target_distribution_of_the_first_token(models, draft, top_k):
+    """EAGLE-3 drafts from its own distribution q (with temperature only, cut to its DRAFT_TOP_K best candidates);
+    DFlash drafts argmaxes, q = a point mass. Either way the first emitted token (accepted draft, or a residual draw
+    after a rejection) follows the target's p."""
+    cfg = SamplerConfig(temperature=1.0, top_k=top_k)
     prompt = prompt_for(models, 12)
     with load_pair(str(models["mixed"]), str(models[draft]), policy="fixed", draft_max=2, **SETTINGS) as pair:
         ctx = pair.target_ctx
@@ -290,7 +292,7 @@ def test_sampling_keeps_the_target_distribution_of_the_first_token(models, draft
         counts = np.zeros(pair.n_vocab)
         drafted = accepted = 0
         for seed in range(300):
-            c = pair.generate(prompt, max_tokens=3, temperature=1.0, top_k=4, seed=seed)
+            c = pair.generate(prompt, max_tokens=3, temperature=1.0, top_k=top_k, seed=seed)
             counts[c.tokens[0]] += 1
             drafted += c.stats.drafted
             accepted += c.stats.accepted
