@@ -276,25 +276,28 @@ def filter_logits(logits: np.ndarray, cfg: SamplerConfig, scratch: np.ndarray | 
     `logits` is read, never written. Weights are exp((logit - best) / T): the best token's weight is 1.
     """
     n_vocab = logits.shape[0]
-    best = float(logits.max())
     top_k = cfg.top_k if 0 < cfg.top_k < n_vocab else 0
+    # the best logit: among top-k's few ids (they hold it), else one pass
+    ids = _top_k_ids(logits, top_k) if top_k else None
+    best = float(logits[ids].max() if top_k else logits.max())
     if not top_k and cfg.top_p >= 1.0 and cfg.min_p <= 0.0:
         return Dist(None, _exp_row(logits, best, 1.0 / cfg.temperature, scratch), peak=1.0)
     # the temperature the cut sees: llama.cpp cuts the untempered distribution (top-k alone: the same ids at any T)
     cut_t = 1.0 if cfg.order == LLAMA_CPP and (cfg.top_p < 1.0 or cfg.min_p > 0.0) else cfg.temperature
-    ids, weights = _kept(logits, best, cut_t, top_k, cfg.top_p, cfg.min_p, scratch)
+    ids, weights = _kept(logits, best, cut_t, ids, cfg.top_p, cfg.min_p, scratch)
     if cut_t != cfg.temperature:  # temperature last, over the kept ids (still sorted: T keeps the order)
         weights = np.exp((logits[ids] - best) * (1.0 / cfg.temperature))
     return Dist(ids, weights, peak=1.0)
 
 
-def _kept(logits: np.ndarray, best: float, temperature: float, top_k: int, top_p: float, min_p: float,
-          scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """The ids top-k, top-p and min-p keep at `temperature` (best first) and their weights exp((l - best) / T)."""
+def _kept(logits: np.ndarray, best: float, temperature: float, top_ids: np.ndarray | None, top_p: float,
+          min_p: float, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The ids top-k (its ids `top_ids`, or None), top-p and min-p keep at `temperature` (best first) and their
+    weights exp((l - best) / T)."""
     inv_t = 1.0 / temperature
     total = None
-    if top_k:
-        ids = _top_k_ids(logits, top_k, best)
+    if top_ids is not None:
+        ids = top_ids
         weights = np.exp((logits[ids] - best) * inv_t)
     elif top_p < 1.0:
         dense = _exp_row(logits, best, inv_t, scratch)
@@ -326,7 +329,7 @@ def _exp_row(logits: np.ndarray, best: float, inv_t: float, out: np.ndarray | No
     return np.exp(row, out=row)
 
 
-def _top_k_ids(logits: np.ndarray, k: int, best: float) -> np.ndarray:
+def _top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k largest logits. A threshold from every 32nd logit (the value ranked about 2k / 32 + 8 there)
     keeps a few times k ids in one comparison pass, then a partition among those few; if the threshold kept
     fewer than k (a rare, lopsided row), the partition runs over the whole row."""
