@@ -10,9 +10,9 @@ the peers at their defaults; then one table of `auto` against the best fixed k a
 that every peer loads the files). The work is cut into units, one file and one sampling regime each
 (`uniform-mtp-greedy`, `mixed-pair-filters`, `parallel-mtp-temp-chains`, ...; `--list` names them); a unit writes
 OUT_DIR/UNIT.md (and .json) and is skipped once its report is final, so a run cut short (a time limit on each
-command, a lost machine) resumes where it stopped. A model file is written when the first unit that needs it runs,
-and removed when no unit left to run needs it (at --preset gpu the four files are 16-19 GiB each). Every command is
-printed before it runs.
+command, a lost machine) resumes where it stopped. A model file is written when the first unit that needs it runs
+(under NAME.partial until its script succeeds), and removed when no unit left to run needs it (at --preset gpu the
+four files are 16-19 GiB each). Every command is printed before it runs.
 
 Units, each in every regime asked for:
 - uniform-mtp: `synth_mtp.py --preset 27b --agree 0.7` (Qwen3.6-27B's hybrid shapes, a 70% MTP head), bench_engine
@@ -122,10 +122,17 @@ def run(cmd: list[str], env: dict | None = None, dry: bool = False) -> None:
 
 
 def ensure_model(models: Path, f: ModelFile, dry: bool, made: set) -> None:
-    path = models / f.name
-    ready = (path / "draft.gguf").is_file() if f.script == "synth_pair.py" else path.is_file()
-    if not ready and f.name not in made:
-        run([sys.executable, str(SYNTH / f.script), str(path), *f.args], dry=dry)
+    """Write the file (a pair: its folder) under a temporary name and rename it when the script succeeded, so that
+    one cut short is never taken for a whole one."""
+    path, partial = models / f.name, models / (f.name + ".partial")
+    if path.exists() or f.name in made:
+        made.add(f.name)
+        return
+    if not dry and partial.exists():
+        shutil.rmtree(partial) if partial.is_dir() else partial.unlink()
+    run([sys.executable, str(SYNTH / f.script), str(partial), *f.args], dry=dry)
+    if not dry:
+        partial.rename(path)
     made.add(f.name)
 
 

@@ -130,3 +130,30 @@ def test_a_tiny_unit_runs_end_to_end_and_leaves_no_model_behind(tmp_path):
     again = suite(str(out), "--vocab-dir", str(qwen35.parent), "--preset", "tiny", "--only", "uniform-mtp-greedy")
     assert again.returncode == 0 and "# uniform-mtp-greedy: done" in again.stdout
     assert not (out / "models" / "mtp.gguf").exists()     # nothing to run: nothing written
+
+
+def test_a_model_file_is_written_under_a_temporary_name_and_one_cut_short_is_written_again(tmp_path, monkeypatch):
+    files = auto_suite.model_files("tiny", tmp_path)
+    written = []
+
+    def fake_run(cmd, env=None, dry=False):   # the synthetic script: writes its output path
+        out = Path(cmd[2])
+        written.append(out.name)
+        if cmd[1].endswith("synth_pair.py"):
+            out.mkdir()
+            (out / "target.gguf").write_bytes(b"t")
+            (out / "draft.gguf").write_bytes(b"d")
+        else:
+            out.write_bytes(b"whole")
+
+    monkeypatch.setattr(auto_suite, "run", fake_run)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "mtp.gguf.partial").write_bytes(b"cut short")          # a run killed while writing
+    made: set = set()
+    auto_suite.ensure_model(models, files["mtp.gguf"], False, made)
+    assert (models / "mtp.gguf").read_bytes() == b"whole" and not (models / "mtp.gguf.partial").exists()
+    auto_suite.ensure_model(models, files["pair"], False, made)
+    assert (models / "pair" / "draft.gguf").is_file() and not (models / "pair.partial").exists()
+    auto_suite.ensure_model(models, files["mtp.gguf"], False, set())   # there already: not written again
+    assert written == ["mtp.gguf.partial", "pair.partial"]
