@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import draft_filters, filter_logits, max_prob, sample
+from ..sampling import filter_logits, max_prob, sample
 from .base import NO_DRAFT, Draft
 from .features import HiddenStateDrafter
 
@@ -78,7 +78,6 @@ class Eagle3Drafter(HiddenStateDrafter):
         ctx, sampling = self.ctx, self._sampling
         greedy = sampling is None and p_min <= 0
         ctx.set_device_argmax(greedy)   # argmaxes only: taken on the device, no logits copied
-        cut = draft_filters(sampling.config) if sampling is not None else None   # as on the device (draft_filters)
         dists, drafted = [], []
         ctx.decode([last], pos0 - 1, self._g[:1], outputs=1)   # completes the deferred pair
         for i in range(max_len):
@@ -90,7 +89,7 @@ class Eagle3Drafter(HiddenStateDrafter):
                     token = int(logits.argmax())
                     confidence = max_prob(logits, self._scratch, logits[token])
                 else:   # the request's filters cut to the draft's best candidates: no dense row a drafted token
-                    q = filter_logits(logits, cut)
+                    q = filter_logits(logits, self._filters)
                     token = sample(q, sampling.rng)
                     confidence = q.max_prob() if p_min > 0 else 1.0
                     dists.append(q)

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ..sampling import Sampling
+from ..sampling import Sampling, draft_filters
 from .base import Drafter, point_masses
 
 
@@ -37,6 +37,7 @@ class HiddenStateDrafter(Drafter):
         self._fed = 0            # target positions < _fed are in the draft's cache
         self._n = 0              # tail: positions _fed .. _fed + _n - 1
         self._sampling: Sampling | None = None
+        self._filters = None     # the request's filters cut to the draft's best candidates (draft_filters)
         self._scratch = np.empty(ctx.n_vocab, dtype=np.float32)
         if ctx.target_ctx.on_decode is not None:
             raise RuntimeError("internal: the target context already has a decode observer")
@@ -98,6 +99,7 @@ class HiddenStateDrafter(Drafter):
     # -- the contract -------------------------------------------------------------------------------------------
     def begin(self, history, sampling, p_min, prefill) -> None:
         self._sampling = sampling
+        self._filters = draft_filters(sampling.config) if sampling is not None else None
         if prefill:
             self._catch_up(len(history), 0)
 
