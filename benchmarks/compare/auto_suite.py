@@ -105,10 +105,18 @@ def units(regimes: list[str], tokens: int, peers: str, tools: list[str], extra: 
 
 
 def finished(out_dir: Path, unit: Unit) -> bool:
-    """A unit whose report is final: bench_engine marks one cut short (it writes the report again after each peer);
-    bench_parallel writes its report at the end only."""
-    md = out_dir / f"{unit.name}.md"
-    return md.is_file() and "**Partial" not in md.read_text(encoding="utf-8", errors="replace")
+    """A unit whose report is final (and for bench_engine its JSON whole): bench_engine marks a report cut short (it
+    writes the report again after each peer); bench_parallel writes its report at the end only."""
+    md, js = out_dir / f"{unit.name}.md", out_dir / f"{unit.name}.json"
+    if not md.is_file() or "**Partial" in md.read_text(encoding="utf-8", errors="replace"):
+        return False
+    if "bench_engine.py" not in unit.command[0]:
+        return True
+    try:   # the JSON is written after the report: a run killed between the two left it out or cut
+        json.loads(js.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def run(cmd: list[str], env: dict | None = None, dry: bool = False) -> None:
@@ -162,7 +170,11 @@ def summary_rows(out_dir: Path) -> list[str]:
              "| llama-server best | auto / llama-server | ik best fixed | ik autotune | auto / ik autotune |",
              "|---" * 12 + "|"]
     for js in sorted(out_dir.glob("*.json")):
-        rows = json.loads(js.read_text())
+        try:
+            rows = json.loads(js.read_text())
+        except (OSError, ValueError) as e:   # a run killed while writing it: its unit runs again
+            lines.append(f"| {js.stem} | unreadable ({e.__class__.__name__}) |" + " |" * 10)
+            continue
         mine = [r for r in rows if r["engine"] == "llamaspec"]
         by_mode = {r["mode"]: r for r in mine}
         fixed = _best(mine, "llamaspec", "fixed")

@@ -54,13 +54,17 @@ def test_a_finished_unit_is_skipped_and_one_cut_short_runs_again(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "uniform-mtp-greedy.md").write_text("# report\n\n| a |\n")
+    (out / "uniform-mtp-greedy.json").write_text("[]")
+    (out / "mixed-mtp-greedy.md").write_text("# report\n\n| a |\n")    # final, but its JSON cut short
+    (out / "mixed-mtp-greedy.json").write_text("[{\"regime\": ")
     (out / "uniform-mtp-filters.md").write_text("# report\n\n**Partial: the run has not finished (...)**\n")
     run = suite(str(out), "--vocab-dir", str(vocab_dir(tmp_path)), "--regimes", "greedy,filters", "--only",
-                "uniform-mtp", "--dry-run")
+                "uniform-mtp,mixed-mtp-greedy", "--dry-run")
     assert run.returncode == 0, run.stderr
     assert "# uniform-mtp-greedy: done" in run.stdout
     ran = [line for line in run.stdout.splitlines() if line.startswith("$") and "bench_engine.py" in line]
-    assert len(ran) == 1 and "--regimes filters" in ran[0]
+    assert len(ran) == 2 and "--regimes filters" in ran[0] and "mixed-mtp-greedy.md" in ran[1]
+    assert "| mixed-mtp-greedy | unreadable" in run.stdout    # the summary says so, no traceback
     listed = suite(str(out), "--regimes", "greedy,filters", "--only", "uniform-mtp", "--list").stdout
     assert "uniform-mtp-greedy" in listed and "done" in listed.splitlines()[0]
     assert "to run" in listed.splitlines()[1]
