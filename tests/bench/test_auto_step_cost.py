@@ -1,0 +1,51 @@
+"""benchmarks/probes/auto_step_cost.py: auto's cost a step inside the engine, apart from the lengths it chooses."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.probes.auto_step_cost import Replay
+from llamaspec.policy import FixedPolicy
+
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "auto_step_cost.py"
+
+
+def run(*args):
+    env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
+    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_replay_drafts_a_traces_lengths_from_each_requests_start_and_tells_its_watcher():
+    told = FixedPolicy(0)
+    seen = []
+    told.update = lambda *step: seen.append(step)
+    replay = Replay("0s31", 2, 3, inner=told)
+    lengths = []
+    for _ in range(6):
+        lengths.append(replay.next_draft_len())
+        replay.update(lengths[-1], 0, 0.0, 0.01)
+    replay.new_request()
+    assert lengths == [0, 2, 3, 1, 2, 2]            # a shadow probe's step drafts k; past the trace, k
+    assert replay.next_draft_len() == 0              # a new request starts the trace again
+    assert [step[0] for step in seen] == lengths     # the watcher is told every step, as the engine told the replay
+
+
+def test_the_four_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_path):
+    from benchmarks.synthetic import synth_mtp
+
+    model = tmp_path / "tiny-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    done = run("--target", str(model), "--drafter", "mtp", "-n", "16", "--repeat", "1", "--mix", "0s0332",
+               "--no-repack")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "mtp drafter, k=2, reach 3, 16 tokens, 1 interleaved rounds", lines[0]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in lines[3:]]
+    assert rows == ["fixed", "replay", "replay-mix", "replay+auto"], done.stdout
+
+
+def test_a_bad_trace_says_so_in_one_line(tmp_path):
+    done = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp", "--mix", "02y")
+    assert done.returncode == 2 and "--mix" in done.stderr and "Traceback" not in done.stderr
