@@ -284,6 +284,11 @@ class CostModel:
         if kept is not None and len(kept) > n_max:
             return kept
         self._curve_len = n_max = max(n_max, self._curve_len)
+        if optimistic:   # optimism changes only the slope past the largest size measured: within it, the same list
+            plain = self._curves.get((False, warm_only))
+            if plain is not None and len(plain) > n_max and n_max <= self._points(warm_only)[0][-1]:
+                self._curves[key] = plain
+                return plain
         self._curves[key] = out = self._curve(n_max, optimistic, warm_only)
         return out
 

@@ -396,6 +396,17 @@ def test_a_kept_verify_curve_is_dropped_when_a_pass_is_recorded():
     assert model.verify_time(1) < 1.0
 
 
+def test_optimism_changes_the_curve_only_past_the_largest_size_measured():
+    # one curve serves both flags within the measured sizes (a step asks both); past them each keeps its own slope
+    model = _model({1: 1.0, 2: 1.1, 3: 1.4}, 0.1)
+    plain = model.verify_curve(3, False)
+    assert model.verify_curve(3, True)[1:4] == plain[1:4] == pytest.approx([1.0, 1.1, 1.4])
+    assert model.verify_time(5, optimistic=True) == pytest.approx(1.4 + 2 * 0.15)   # half the last two points' slope
+    assert model.verify_time(5) == pytest.approx(1.4 + 2 * 0.2)                     # the chord from the smallest
+    model.record_pass(3, 1.4)
+    assert model.verify_time(5, optimistic=True) == pytest.approx(1.7)   # a new pass: both drawn again
+
+
 def test_speeds_pick_the_k_that_maximises_tokens_per_second():
     model = _model({n: 1.0 + 0.05 * (n - 1) for n in range(1, 12)}, 0.05)
     a = [0.0] + [0.7] * 10
