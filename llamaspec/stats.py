@@ -90,6 +90,13 @@ class GenerationStats:
         busy = self.time_total - self.time_prefill
         return max(0.0, 1.0 - (self.time_in_decode + self.time_rollback) / busy) if busy > 0 else 0.0
 
+    @property
+    def python_ms_per_step(self) -> float:
+        """Milliseconds of Python a target pass: the generation's time outside llama_decode (and its sync) and outside
+        the caches' rollback, as `python_overhead` counts it."""
+        busy = self.time_total - self.time_prefill - self.time_in_decode - self.time_rollback
+        return 1000 * busy / max(self.target_passes, 1)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["_last_step"]

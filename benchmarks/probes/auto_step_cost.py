@@ -52,10 +52,6 @@ class Replay(DraftPolicy):
             self.inner.update(drafted, accepted, draft_seconds, verify_seconds)
 
 
-def python_ms(s) -> float:
-    return 1000 * (s.time_total - s.time_prefill - s.time_in_decode - s.time_rollback) / max(s.target_passes, 1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True)
@@ -71,8 +67,8 @@ def main() -> None:
     a = ap.parse_args()
     if not a.draft and not a.drafter:
         ap.error("give --draft or --drafter")
-    if a.k < 1 or set(a.mix) - set("0123456789sx"):
-        ap.error("--k: at least 1; --mix: digits, s and x")
+    if a.k < 1 or a.n < 1 or a.repeat < 1 or set(a.mix) - set("0123456789sx"):
+        ap.error("--k, -n and --repeat: at least 1; --mix: digits, s and x")
     reach = max(a.k, *(int(c) for c in a.mix if c.isdigit()))
     drafting = {"drafter": a.drafter} if a.drafter else {}
     pair = load_pair(a.target, a.draft, policy="auto", draft_max=reach, n_ctx=2048, n_threads=a.threads,
@@ -93,7 +89,7 @@ def main() -> None:
         for name, make in variants.items():
             pair.set_policy(make())
             pair.reset()
-            ms[name].append(python_ms(pair.generate(a.prompt, max_tokens=a.n).stats))
+            ms[name].append(pair.generate(a.prompt, max_tokens=a.n).stats.python_ms_per_step)
     print(f"{pair.drafter_kind} drafter, k={a.k}, reach {reach}, {a.n} tokens, {a.repeat} interleaved rounds")
     print("| policy | Python ms a step (median) | each round |")
     print("|---|---|---|")

@@ -82,10 +82,10 @@ def main() -> None:
         steps = max(s.target_passes, 1)
         print(f"{'profiled: ' if profiled else ''}{s.summary()}\nwall {s.time_total:.3f} s, in llama.cpp "
               f"(decode + sync) {s.time_in_decode:.3f} s, rolling caches back {s.time_rollback:.3f} s, Python "
-              f"{100 * s.python_overhead:.1f}% = {python_ms(s):.3f} ms per step over {steps} steps "
+              f"{100 * s.python_overhead:.1f}% = {s.python_ms_per_step:.3f} ms per step over {steps} steps "
               f"({where}{', with the profiler' if profiled else ''})")
         if not profiled:
-            shares.append((s.python_overhead, python_ms(s)))
+            shares.append((s.python_overhead, s.python_ms_per_step))
     if shares:
         share, ms = sorted(shares)[len(shares) // 2]
         print(f"median of {len(shares)} runs without the profiler: Python {100 * share:.1f}% = {ms:.3f} ms per step")
@@ -94,13 +94,6 @@ def main() -> None:
     print(out.getvalue())
     if a.split:
         split_run(pair, a, sampler)
-
-
-def python_ms(s) -> float:
-    """Milliseconds of Python a step: the generation's time outside llama_decode (and its sync) and outside the
-    caches' rollback (KV trims, recurrent-state checkpoints and restores: llama.cpp's work, timed apart), as the
-    share `python_overhead` counts it."""
-    return 1000 * (s.time_total - s.time_prefill - s.time_in_decode - s.time_rollback) / max(s.target_passes, 1)
 
 
 # llama_decode and the sync after it are the decode time itself (decode_seconds); everything else llamaspec asks of
@@ -161,7 +154,7 @@ def split_run(pair, a, sampler) -> None:
             setattr(module, name, fn)
     s = c.stats
     steps = max(s.target_passes, 1)
-    host = python_ms(s)
+    host = s.python_ms_per_step
     api = 1000 * sum(t for _, t in totals.values()) / steps
     print(f"split: {s.summary()}\nPython {host:.3f} ms per step over {steps} steps (rolling caches back "
           f"{1000 * s.time_rollback / steps:.3f} ms apart); llama.cpp calls outside the decode {api:.3f} ms (the "

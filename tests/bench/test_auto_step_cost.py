@@ -49,3 +49,5 @@ def test_the_four_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_pat
 def test_a_bad_trace_says_so_in_one_line(tmp_path):
     done = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp", "--mix", "02y")
     assert done.returncode == 2 and "--mix" in done.stderr and "Traceback" not in done.stderr
+    none = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp", "--repeat", "0")
+    assert none.returncode == 2 and "--repeat" in none.stderr and "Traceback" not in none.stderr

@@ -156,3 +156,11 @@ def test_the_mtp_heads_failed_decodes_keep_their_text_and_their_cache(tmp_path, 
         assert head.memory_len() == head.n_past
         rows = shared.decode_runs([(seq, [11, 12], np.stack([state, state]), True)])   # and it decodes again
         assert rows[0][0].shape == (shared.n_vocab,) and seq.tokens == batched[0] + [11, 12]
+
+
+def test_python_ms_per_step_is_the_share_python_overhead_counts_over_the_target_passes():
+    from llamaspec.stats import GenerationStats
+
+    s = GenerationStats(time_total=1.2, time_prefill=0.2, time_in_decode=0.85, time_rollback=0.05, target_passes=50)
+    assert s.python_ms_per_step == pytest.approx(1000 * 0.1 / 50)                    # rollback and prefill left out
+    assert s.python_ms_per_step * s.target_passes / 1000 == pytest.approx(s.python_overhead * 1.0)   # busy 1.0 s
