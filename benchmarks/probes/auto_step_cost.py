@@ -1,14 +1,16 @@
 """What `auto` costs a step inside the engine, apart from the lengths it chooses: one load, one prompt, four policies
 that draft the same lengths, their Python milliseconds a step (time outside llama.cpp's decodes and the caches'
-rollback, as the Python share counts it) in interleaved rounds:
+rollback, as the Python share counts it) in interleaved rounds, and `auto` itself beside them:
 
     fixed        FixedPolicy(k)
     replay       the lengths of --lengths, replayed (k where the sequence has no more), no bookkeeping
     replay-mix   the same, a length changing as an `auto` trace changes it (--mix)
     replay+auto  replay, with an AutoPolicy told every step (its update runs; its choices are not taken)
+    auto         the load's own AutoPolicy (the costs measured at load), choosing its lengths
 
 replay - fixed is what a policy object costs the engine, replay-mix - replay what changes of length cost, replay+auto
-- replay what `auto`'s own bookkeeping costs. --costs gives the AutoPolicy the costs a GPU measured at load (the
+- replay what `auto`'s own bookkeeping costs; auto - replay+auto what its own choices (their lengths, its shadow
+probes) cost a step beyond that. --costs gives the AutoPolicy the costs a GPU measured at load (the
 H100's 27B hybrid by default), so that it reasons as it did there.
 
     python benchmarks/probes/auto_step_cost.py --target T.gguf --drafter mtp [--k 2] [-n 256] [--repeat 5]
@@ -82,19 +84,24 @@ def main() -> None:
     variants = {"fixed": lambda: FixedPolicy(a.k),
                 "replay": lambda: Replay("", a.k, reach),
                 "replay-mix": lambda: Replay(a.mix, a.k, reach),
-                "replay+auto": lambda: Replay("", a.k, reach, inner=watcher())}
+                "replay+auto": lambda: Replay("", a.k, reach, inner=watcher()),
+                "auto": lambda: AutoPolicy(draft_max=reach)}
     pair.generate(a.prompt, max_tokens=16)   # warm-up
-    ms: dict[str, list[float]] = {name: [] for name in variants}
+    runs: dict[str, list] = {name: [] for name in variants}
     for _ in range(a.repeat):
         for name, make in variants.items():
-            pair.set_policy(make())
+            pair.set_policy(make())   # set_policy attaches the load's costs (auto's calibration)
             pair.reset()
-            ms[name].append(pair.generate(a.prompt, max_tokens=a.n).stats.python_ms_per_step)
+            runs[name].append(pair.generate(a.prompt, max_tokens=a.n).stats)
     print(f"{pair.drafter_kind} drafter, k={a.k}, reach {reach}, {a.n} tokens, {a.repeat} interleaved rounds")
-    print("| policy | Python ms a step (median) | each round |")
-    print("|---|---|---|")
-    for name, values in ms.items():
-        print(f"| {name} | {statistics.median(values):.3f} | {' '.join(f'{v:.3f}' for v in values)} |")
+    print("| policy | Python ms a step (median) | drafted a step | tok/s (median) | each round's Python ms |")
+    print("|---|---|---|---|---|")
+    for name, stats in runs.items():
+        ms = [s.python_ms_per_step for s in stats]
+        drafted = sum(s.drafted for s in stats) / max(sum(s.target_passes for s in stats), 1)
+        tps = statistics.median(s.tokens_per_second for s in stats)
+        print(f"| {name} | {statistics.median(ms):.3f} | {drafted:.2f} | {tps:.1f} | "
+              f"{' '.join(f'{v:.3f}' for v in ms)} |")
 
 
 if __name__ == "__main__":

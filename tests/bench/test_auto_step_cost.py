@@ -30,7 +30,7 @@ def test_replay_drafts_a_traces_lengths_from_each_requests_start_and_tells_its_w
     assert [step[0] for step in seen] == lengths     # the watcher is told every step, as the engine told the replay
 
 
-def test_the_four_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_path):
+def test_the_five_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_path):
     from benchmarks.synthetic import synth_mtp
 
     model = tmp_path / "tiny-mtp.gguf"
@@ -43,7 +43,9 @@ def test_the_four_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_pat
     lines = done.stdout.splitlines()
     assert lines[0] == "mtp drafter, k=2, reach 3, 16 tokens, 1 interleaved rounds", lines[0]
     rows = [line.split(" | ")[0].lstrip("| ") for line in lines[3:]]
-    assert rows == ["fixed", "replay", "replay-mix", "replay+auto"], done.stdout
+    assert rows == ["fixed", "replay", "replay-mix", "replay+auto", "auto"], done.stdout
+    drafted = {line.split(" | ")[0].lstrip("| "): float(line.split(" | ")[2]) for line in lines[3:]}
+    assert drafted["fixed"] == drafted["replay"] > 1.5, done.stdout   # k=2 but where the 16 tokens' end cuts a draft
 
 
 def test_a_bad_trace_says_so_in_one_line(tmp_path):
