@@ -11,11 +11,14 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
     PYTHONPATH=. python tests/support/policy_sim.py --recorded   # auto against the best fixed k, recorded H200 cases
     PYTHONPATH=. python tests/support/policy_sim.py --mixed      # the same on mixed sessions (requests of changing acceptance)
     PYTHONPATH=. python tests/support/policy_sim.py --traces     # the same on acceptance recorded on a real pair
+    PYTHONPATH=. python tests/support/policy_sim.py --replay REPORT.md   # a bench_engine report's auto: its choices
+                                                                          # replayed, beside the simulator's auto
 """
 from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -251,11 +254,19 @@ D70_RECORDED = Machine("h200 32B + ~70% draft, recorded", lambda n: H200_V[n - 1
 # the 32B pair's greedy answers (results/h200-uniform-32b-draft70-at-b907a91.md: fixed k=3 and k=5 made 3.20 and 4.27
 # tokens a pass; GreedyRuns(0.55, 0.93) makes 3.21 and 4.25)
 D70_GREEDY = GreedyRuns(0.55, 0.93)
+# The auto suite's synthetic 27B hybrid with a 70% MTP head on the H200 (results/h200-auto-suite-uniform-mtp-greedy-at-
+# a627829.md): warm passes of 1..4 tokens in 1.00, 1.07, 1.31, 1.56 plain passes (11.5 ms), a drafted token 0.10, a cold
+# pass 0.5 slower; fixed k=1, 2, 3 made 1.66, 2.18, 2.52 tokens a pass (acceptance by position 0.667, 0.77, 0.66). The
+# run made `auto` 0.934 (cold) and 0.985 (warm) of fixed k=2; this machine makes it about 0.977 and 0.989.
+V27_SYNTH = [1.0, 1.07, 1.31, 1.56, 1.70, 1.82, 1.94, 2.06]
+MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head", lambda n: V27_SYNTH[n - 1], 0.10, 0.01, switch=(0.5, 0.5),
+                         draft_switch=0.1, gpu=True)
 RECORDED = [("MTP, greedy", MTP_RECORDED, [0.69, 0.70, 0.69], 3),
             ("MTP, T=0.8 temperature only", MTP_RECORDED, [0.82, 0.71, 0.66], 3),
             ("32B ~70%, T=0.8, acceptance rising along the draft", D70_RECORDED, [.81, .88, .85, .97, .97, .85], 12),
             ("32B ~70%, the same mean acceptance, flat (0.7)", D70_RECORDED, 0.7, 12),
-            ("32B ~70%, greedy: runs of agreement", D70_RECORDED, D70_GREEDY, 12)]
+            ("32B ~70%, greedy: runs of agreement", D70_RECORDED, D70_GREEDY, 12),
+            ("synthetic MTP 70%, greedy (H200 at a627829)", MTP_SYNTH_H200, [0.667, 0.77, 0.66], 3)]
 
 
 def recorded(seeds: int = 6) -> None:
@@ -363,6 +374,100 @@ def traces(seeds: int = 6) -> None:
                       f"{'/'.join(str(b) for b in sorted(set(bests)))} |")
 
 
+class TraceReplay(DraftPolicy):
+    """Draft the lengths a real run's `auto` drafted, request by request (a report's trace: digits, s/x for a shadow
+    probe's plain step), past a request's end its last length: what those choices cost on a simulated machine."""
+
+    name = "replay"
+
+    def __init__(self, requests: list[str], draft_max: int):
+        self.requests, self.draft_max, self.r, self.i = requests, draft_max, -1, 0
+
+    def new_request(self) -> None:
+        self.r, self.i = self.r + 1, 0
+
+    def next_draft_len(self) -> int:
+        trace = self.requests[self.r] if 0 <= self.r < len(self.requests) else ""
+        c = trace[self.i] if self.i < len(trace) else trace[-1] if trace else "0"
+        return 0 if c in "sx" else int(c, 36)
+
+    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.i += 1
+
+
+def read_report(path: Path) -> dict:
+    """What bench_engine's report of one regime says of llamaspec's rows: each fixed k's tokens a pass (acceptance by
+    position follows), auto's and auto+warm's tok/s, traces and the costs auto measured (its machine)."""
+    text = path.read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 7 and cells[0].startswith("llamaspec "):
+            rows.setdefault(cells[0][len("llamaspec "):], (float(cells[1]), float(cells[6])))
+    fixed = sorted((int(mode.split("=")[1]), tps, per_pass) for mode, (tps, per_pass) in rows.items()
+                   if mode.startswith("fixed k="))
+    acceptance, reach, tokens, k_before = [], 1.0, 1.0, 0
+    for k, _, per_pass in fixed:   # tokens(k) - tokens(k') = sum over j in (k', k] of a_1 ... a_j: one rate a per gap
+        gap, diff = k - k_before, max(per_pass - tokens, 0.0)
+        low, high = 0.0, 1.0
+        for _ in range(40):
+            a = (low + high) / 2
+            low, high = (a, high) if reach * sum(a ** m for m in range(1, gap + 1)) < diff else (low, a)
+        acceptance += [a] * gap
+        reach, tokens, k_before = reach * a ** gap, per_pass, k
+    out = {"fixed": {k: tps for k, tps, _ in fixed}, "acceptance": acceptance, "auto": {}}
+    for mode in ("auto", "auto+warm"):
+        m = re.search(rf"^- {re.escape(mode)}'s cost model at the end: (.*?)draft length by step[^`]*`([^`]*)`", text,
+                      re.M)
+        if not m or mode not in rows:
+            continue
+        model, trace = m.groups()
+        v = [float(x) for _, x in sorted(((int(n), x) for n, x in re.findall(r"v\((\d+)\)=([\d.]+)", model)))]
+        cost = re.search(r"cost per token ([\d.]+)", model)
+        cold = re.search(r"a cold pass ([\d.]+) plain passes slower", model)
+        requests = trace.split("|")[1:]
+        out["auto"][mode] = dict(tps=rows[mode][0], requests=requests[1:] if mode == "auto+warm" else requests,
+                                 v=v, draft=float(cost.group(1)) if cost else 0.1,
+                                 cold=float(cold.group(1)) if cold else 0.0)
+    return out
+
+
+def replay(path: str, seeds: int = 24) -> None:
+    """A real run's `auto` beside the simulator's: its recorded choices replayed on a machine of the costs it measured
+    and the acceptance by position its fixed rows show, against the best fixed k there, next to the simulator's own
+    `auto` on that machine and what the run measured. Where the replayed choices come out near the measurement, the
+    run lost to its choices; where they come out higher, to what its steps cost beyond the simulator's (Python, timing
+    noise between the rows)."""
+    if "--workload mixed" in Path(path).read_text():
+        raise SystemExit(f"{path}: a mixed session (its requests differ in acceptance): --replay takes uniform reports")
+    report = read_report(Path(path))
+    acceptance, fixed = report["acceptance"], report["fixed"]
+    if not fixed or not report["auto"]:
+        raise SystemExit(f"{path}: no fixed-k rows or no auto trace to replay")
+    best_measured = max(fixed.values())
+    k_max = max(fixed)
+    print(f"acceptance by position from the fixed rows: {', '.join(f'{a:.3f}' for a in acceptance)}")
+    print("| mode | measured / best fixed | its choices replayed here | the simulator's auto here |")
+    print("|---|---|---|---|")
+    for mode, run in report["auto"].items():
+        v = run["v"] + [run["v"][-1] + (run["v"][-1] - run["v"][-2]) * i for i in range(1, 8)]
+        machine = Machine(f"{path} {mode}", lambda n, v=v: v[n - 1], run["draft"], 0.01,
+                          switch=(run["cold"], run["cold"]), gpu=True)
+        tokens = 128
+        replayed, own = [], []
+        for seed in range(seeds):
+            run_of = lambda policy: simulate(policy, machine, acceptance, requests=4, max_tokens=tokens,  # noqa: E731
+                                             seed=seed).throughput
+            best = max(run_of(FixedPolicy(k)) for k in fixed)
+            replayed.append(run_of(TraceReplay(run["requests"], k_max)) / best)
+            policy = make_policy("auto", draft_max=k_max)
+            if mode == "auto+warm":
+                simulate(policy, machine, acceptance, requests=1, max_tokens=tokens, seed=seed + 100)
+            own.append(run_of(policy) / best)
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        print(f"| {mode} | {run['tps'] / best_measured:.3f} | {mean(replayed):.3f} | {mean(own):.3f} |")
+
+
 def main(seeds: int = 5) -> None:
     print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
     print()
@@ -391,4 +496,7 @@ def main(seeds: int = 5) -> None:
 if __name__ == "__main__":
     import sys
 
-    {"--recorded": recorded, "--mixed": mixed, "--traces": traces}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    if sys.argv[1:2] == ["--replay"] and len(sys.argv) == 3:
+        replay(sys.argv[2])
+    else:
+        {"--recorded": recorded, "--mixed": mixed, "--traces": traces}.get(sys.argv[1] if sys.argv[1:] else "", main)()
