@@ -14,8 +14,9 @@ llama-server runs on 127.0.0.1, one server per draft length, one request at a ti
 Regimes (--regimes, all three by default; both engines sample the same distribution in each):
 greedy (T=0); filters: llama.cpp's defaults at --temp (top-k 40, top-p 0.95, min-p 0.05 on the untempered
 distribution, temperature last; llamaspec with sampler_order="llama.cpp"); temp: temperature only (the peers get
---top-k 0 --top-p 1 --min-p 0). Each llamaspec mode runs every prompt once after one warm-up generation; the pair
-is closed before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With
+--top-k 0 --top-p 1 --min-p 0). Each llamaspec mode runs every prompt once after one warm-up generation (`--rounds N`:
+N times, every mode once a round, each with a fresh policy, so that a mode's spread between rounds shows what one row
+of it can tell); the pair is closed before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With
 --drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP
 drafting on the same file.
 
@@ -122,6 +123,7 @@ class Row:
     synthetic: str = ""            # the synthetic acceptance it ran with (SyntheticAcceptance.label), if any
     runs: list = field(default_factory=list)       # tok/s of each request, in order
     run_tokens: list = field(default_factory=list)  # tokens of each request, in order
+    round_tps: list = field(default_factory=list)   # with --rounds: the tok/s of each round, in order
 
     @property
     def name(self) -> str:
@@ -182,6 +184,29 @@ def run_mode(pair, mode: str, prompts, n_tokens, regime: peers.Regime, seed: int
             row.step_overhead_ms.append(1000 * (s.decode_time - s.time_in_decode) / s.target_passes)
             row.rollback_ms.append(1000 * s.time_rollback / s.target_passes)
     return row
+
+
+def merge_rounds(rows: list) -> Row:
+    """One mode's rows from interleaved rounds as one row: sums, each request's tok/s over every round (its tokens
+    over its time), and each round's tok/s (`round_tps`) for the spread."""
+    if len(rows) == 1:
+        return rows[0]
+    first = rows[0]
+    out = Row(first.mode, first.temperature, synthetic=first.synthetic)
+    for r in rows:
+        for name in ("tokens", "seconds", "drafted", "accepted", "passes", "draft_seconds", "verify_seconds",
+                     "shadow_probes"):
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+        out.overhead += r.overhead
+        out.step_overhead_ms += r.step_overhead_ms
+        out.rollback_ms += r.rollback_ms
+        out.round_tps.append(r.tps)
+    for i in range(len(first.runs)):
+        tokens = sum(r.run_tokens[i] for r in rows)
+        seconds = sum(r.run_tokens[i] / r.runs[i] for r in rows if r.runs[i])
+        out.runs.append(tokens / seconds if seconds else 0.0)
+        out.run_tokens.append(tokens // len(rows))
+    return out
 
 
 def record_steps(policy) -> list[str]:
@@ -366,37 +391,49 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
     """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
     synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
     out = {}
+    a.run_prompts, a.run_tokens = prompts, n_tokens
     for regime in regimes:
-        rows, states = [], []
+        rounds, states = [], []
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
-        for mode, k in runs:
-            name, warm, p_min, draft_max = parse_mode(mode)
-            policy = mode_policy(name, k, p_min, a.reach, draft_max)
-            if getattr(a, "costs", None):
-                pair.costs = mode_costs(a.costs, a.longest, draft_max)
-            label = f"fixed k={k}" if name == "fixed" else mode
-            steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
-            pair.set_policy(policy)
-            if warm:
-                pair.reset()
-                pair.generate(WARM_PROMPT, max_tokens=a.tokens, seed=12345, **regime.llamaspec_kwargs())
-            if a.synth and name == "fixed":
-                kind, value = a.synth
-                rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
-                with SyntheticAcceptance(pair, rates, seed=k) as synth:
-                    rows.append(run_mode(pair, label, prompts, n_tokens, regime))
-                rows[-1].synthetic = synth.label
-            else:
-                rows.append(run_mode(pair, label, prompts, n_tokens, regime))
-            if steps is not None:   # what it measured explains what it chose
-                states.append(f"- {label}'s cost model at the end: {auto_state(policy)}; "
-                              f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
-                              f"accepted/rejected, | a new request): `{''.join(steps)}`")
-            print(f"done: {regime.name} {rows[-1].name}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
+        for rnd in range(getattr(a, "rounds", 1)):
+            rows = []
+            rounds.append(rows)
+            for mode, k in runs:
+                run_one(pair, a, regime, mode, k, rows, states, f" (round {rnd + 1})" if rnd else "")
+        rows = [merge_rounds(same) for same in zip(*rounds)]
         where = "" if regime.greedy else \
             f"; llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
         out[regime.name] = (rows, states, where)
     return out
+
+
+def run_one(pair, a, regime, mode: str, k: int | None, rows: list, states: list, mark: str) -> None:
+    """One mode (a fixed one at k) over the prompts, a fresh policy: its row appended to `rows`, an auto policy's
+    state and draft lengths to `states` (`mark` names the round after the first)."""
+    prompts, n_tokens = a.run_prompts, a.run_tokens
+    name, warm, p_min, draft_max = parse_mode(mode)
+    policy = mode_policy(name, k, p_min, a.reach, draft_max)
+    if getattr(a, "costs", None):
+        pair.costs = mode_costs(a.costs, a.longest, draft_max)
+    label = f"fixed k={k}" if name == "fixed" else mode
+    steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
+    pair.set_policy(policy)
+    if warm:
+        pair.reset()
+        pair.generate(WARM_PROMPT, max_tokens=a.tokens, seed=12345, **regime.llamaspec_kwargs())
+    if a.synth and name == "fixed":
+        kind, value = a.synth
+        rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
+        with SyntheticAcceptance(pair, rates, seed=k) as synth:
+            rows.append(run_mode(pair, label, prompts, n_tokens, regime))
+        rows[-1].synthetic = synth.label
+    else:
+        rows.append(run_mode(pair, label, prompts, n_tokens, regime))
+    if steps is not None:   # what it measured explains what it chose
+        states.append(f"- {label}'s cost model at the end{mark}: {auto_state(policy)}; "
+                      f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
+                      f"accepted/rejected, | a new request): `{''.join(steps)}`")
+    print(f"done: {regime.name} {rows[-1].name}{mark}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
 
 
 def _ratio(a: float, b: float) -> str:
@@ -433,6 +470,9 @@ def regime_section(regime, rows: list, states: list, where: str, results: list) 
         lines.append(f"| {r.peer} k={r.k} | {r.tps:.2f} | {_ratio(r.tps, plain.tps)} | {_ratio(r.tps, peer_tps)} | "
                      f"{r.drafted} | {acceptance} | - | - | - | - | - | - | {command} |")
     lines += [""] + states + ([""] if states else [])
+    spread = [f"{r.name} {' '.join(f'{x:.2f}' for x in r.round_tps)}" for r in rows if len(r.round_tps) > 1]
+    if spread:
+        lines += [f"llamaspec's rounds (tok/s each round, interleaved): {'; '.join(spread)}", ""]
     fixed = {int(r.mode.split("=")[1]): r for r in rows if r.mode.startswith("fixed k=")}
     synth = f" [{SYNTH}]" if any(r.synthetic for r in rows) else ""
     names = list(dict.fromkeys(r.peer for r in results))
@@ -573,6 +613,9 @@ def main() -> None:
                          "chain where the draft's top probability is below THRESHOLD and the measured costs say it "
                          "pays; every llamaspec row runs with it (compare with a run without --tree)")
     ap.add_argument("--tree-siblings", type=int, default=2, help="with --tree: at most this many siblings a pass")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="llamaspec's modes run this many times, interleaved (every mode once a round, each with a "
+                         "fresh policy); rows sum the rounds and the report prints each round's tok/s")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -583,6 +626,8 @@ def main() -> None:
         ks = [int(k) for k in a.k.split(",")]
     except ValueError as e:
         ap.error(str(e))
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     a.peers = [p.strip() for p in a.peers.split(",") if p.strip()]
     if any(p not in PEER_LABELS for p in a.peers):
         ap.error(f"--peers: choose from {', '.join(PEER_LABELS)}")
@@ -683,7 +728,7 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
              *[f"- peer {v}" for v in versions],
              f"- {len(prompts)} prompts ({a.prompts}), "
              f"{'new tokens as given' if a.workload == 'mixed' else f'{a.tokens} new tokens each'}, one warm-up per "
-             f"engine; peer "
+             f"engine{f'; llamaspec in {a.rounds} interleaved rounds' if getattr(a, 'rounds', 1) > 1 else ''}; peer "
              f"commands are shown with the first prompt (the others differ only in it); "
              f"date {time.strftime('%Y-%m-%d %H:%M')}", ""]
     if getattr(a, "tree_line", None):
@@ -712,7 +757,7 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
                        "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
                        "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
                        "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None,
-                       "request_tok_s": r.runs, "request_tokens": r.run_tokens}
+                       "request_tok_s": r.runs, "request_tokens": r.run_tokens, "round_tok_s": r.round_tps or None}
                       for r in rows]
             table += [{"regime": regime.name, "temperature": regime.temperature, "engine": r.peer,
                        "mode": f"k={r.k}", "synthetic": SYNTH if a.synth else None, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,

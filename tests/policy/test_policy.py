@@ -830,8 +830,22 @@ def test_a_reports_rows_give_acceptance_by_position_its_costs_and_auto_s_trace(t
     assert np.allclose(got["acceptance"], [0.66, 0.52 / 0.66, 0.34 / 0.52], atol=1e-6), got["acceptance"]
     auto = got["auto"]["auto"]
     assert auto["requests"] == ["0s0222", "1111", "2223", "3"] and auto["tps"] == 120.0
+    assert auto["rounds"] == [auto["requests"]]
     assert auto["v"] == [1.0, 1.07, 1.31, 1.56] and auto["draft"] == 0.10 and auto["cold"] == 0.50
     assert got["fixed"] == {1: 119.0, 2: 123.0, 3: 116.0}
+
+
+def test_each_rounds_trace_is_read_and_a_warm_runs_warm_up_request_left_out(tmp_path):
+    from support.policy_sim import read_report
+
+    text = REPORT_ROWS.format(trace="0s02|11")
+    text += text.splitlines()[-1].replace("end:", "end (round 2):").replace("`|0s02|11`", "`|0s03|22`") + "\n"
+    warm = [line.replace("auto", "auto+warm") for line in text.splitlines() if "auto" in line]
+    report = tmp_path / "r.md"
+    report.write_text(text + "\n".join(warm).replace("`|0s02|11`", "`|3|0s02|11`") + "\n")
+    got = read_report(report)["auto"]
+    assert got["auto"]["rounds"] == [["0s02", "11"], ["0s03", "22"]]
+    assert got["auto+warm"]["rounds"][0] == ["0s02", "11"]   # its first request warmed it up: not replayed
 
 
 def test_a_gap_between_fixed_lengths_shares_one_rate_between_its_positions(tmp_path):

@@ -417,24 +417,24 @@ def read_report(path: Path) -> dict:
         reach, tokens, k_before = reach * a ** gap, per_pass, k
     out = {"fixed": {k: tps for k, tps, _ in fixed}, "acceptance": acceptance, "auto": {}}
     for mode in ("auto", "auto+warm"):
-        m = re.search(rf"^- {re.escape(mode)}'s cost model at the end: (.*?)draft length by step[^`]*`([^`]*)`", text,
-                      re.M)
-        if not m or mode not in rows:
+        found = re.findall(rf"^- {re.escape(mode)}'s cost model at the end(?: \(round \d+\))?: (.*?)draft length by "
+                           r"step[^`]*`([^`]*)`", text, re.M)   # one a round (bench_engine --rounds)
+        if not found or mode not in rows:
             continue
-        model, trace = m.groups()
+        model, trace = found[0]
         v = [float(x) for _, x in sorted(((int(n), x) for n, x in re.findall(r"v\((\d+)\)=([\d.]+)", model)))]
         cost = re.search(r"cost per token ([\d.]+)", model)
         cold = re.search(r"a cold pass ([\d.]+) plain passes slower", model)
-        requests = trace.split("|")[1:]
-        out["auto"][mode] = dict(tps=rows[mode][0], requests=requests[1:] if mode == "auto+warm" else requests,
+        rounds = [t.split("|")[1 + (mode == "auto+warm"):] for _, t in found]   # auto+warm: its warm-up first
+        out["auto"][mode] = dict(tps=rows[mode][0], requests=rounds[0], rounds=rounds,
                                  v=v, draft=float(cost.group(1)) if cost else 0.1,
                                  cold=float(cold.group(1)) if cold else 0.0)
     return out
 
 
 def replay(path: str, seeds: int = 24) -> None:
-    """A real run's `auto` beside the simulator's: its recorded choices replayed on a machine of the costs it measured
-    and the acceptance by position its fixed rows show, against the best fixed k there, next to the simulator's own
+    """A real run's `auto` beside the simulator's: its recorded choices (each round's, bench_engine --rounds) replayed on
+    a machine of the costs it measured (the first round's) and the acceptance by position its fixed rows show, against the best fixed k there, next to the simulator's own
     `auto` on that machine and what the run measured. Where the replayed choices come out near the measurement, the
     run lost to its choices; where they come out higher, to what its steps cost beyond the simulator's (Python, timing
     noise between the rows)."""
@@ -459,7 +459,7 @@ def replay(path: str, seeds: int = 24) -> None:
             run_of = lambda policy: simulate(policy, machine, acceptance, requests=4, max_tokens=tokens,  # noqa: E731
                                              seed=seed).throughput
             best = max(run_of(FixedPolicy(k)) for k in fixed)
-            replayed.append(run_of(TraceReplay(run["requests"], k_max)) / best)
+            replayed += [run_of(TraceReplay(requests, k_max)) / best for requests in run["rounds"]]
             policy = make_policy("auto", draft_max=k_max)
             if mode == "auto+warm":
                 simulate(policy, machine, acceptance, requests=1, max_tokens=tokens, seed=seed + 100)

@@ -1,0 +1,56 @@
+"""bench_engine.py --rounds: llamaspec's modes run in interleaved rounds, summed, each round's tok/s reported."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.compare.bench_engine import Row, merge_rounds
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "compare" / "bench_engine.py"
+
+
+def row(tps_each: list[float], tokens_each: list[int], drafted: int) -> Row:
+    r = Row("fixed k=2", 0.0, drafted=drafted, passes=10, overhead=[0.02], step_overhead_ms=[0.3], rollback_ms=[0.01])
+    r.runs, r.run_tokens = list(tps_each), list(tokens_each)
+    r.tokens = sum(tokens_each)
+    r.seconds = sum(n / t for n, t in zip(tokens_each, tps_each))
+    return r
+
+
+def test_rounds_sum_into_one_row_with_each_requests_tokens_over_its_time():
+    one, two = row([100.0, 50.0], [100, 100], 40), row([200.0, 50.0], [100, 100], 60)
+    merged = merge_rounds([one, two])
+    assert merged.tokens == 400 and merged.seconds == pytest.approx(1.0 + 2.0 + 0.5 + 2.0)
+    assert merged.drafted == 100 and merged.passes == 20
+    assert merged.runs == pytest.approx([200 / 1.5, 50.0])       # the first request: 200 tokens in 1.5 s
+    assert merged.round_tps == pytest.approx([one.tps, two.tps])
+    assert merged.overhead == [0.02, 0.02] and merged.step_overhead_ms == [0.3, 0.3]
+    assert merge_rounds([one]) is one and one.round_tps == []    # one round: the row as it ran
+
+
+def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path):
+    from benchmarks.synthetic import synth_mtp
+
+    model = tmp_path / "tiny-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    out, js = tmp_path / "r.md", tmp_path / "r.json"
+    env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
+    done = subprocess.run([sys.executable, str(BENCH), "--target", str(model), "--drafter", "mtp", "--k", "1",
+                           "--modes", "plain,fixed,auto", "--regimes", "greedy", "--peers", "", "--tokens", "8",
+                           "--prompts", "code", "--per-set", "1", "--rounds", "2", "--no-repack", "--threads", "2",
+                           "--out", str(out), "--json", str(js)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(js.read_text())
+    assert [r["mode"] for r in rows] == ["plain", "fixed k=1", "auto"]
+    assert all(len(r["round_tok_s"]) == 2 and r["request_tokens"] == [8] for r in rows), rows
+    report = out.read_text()
+    assert "in 2 interleaved rounds" in report and "llamaspec's rounds (tok/s each round, interleaved): plain " in report
+    assert "- auto's cost model at the end: " in report and "- auto's cost model at the end (round 2): " in report
+    bad = subprocess.run([sys.executable, str(BENCH), "--target", str(model), "--drafter", "mtp", "--rounds", "0"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "--rounds" in bad.stderr and "Traceback" not in bad.stderr
