@@ -512,20 +512,12 @@ def test_one_inflated_pass_does_not_price_a_draft_length_out_for_good():
 def test_auto_keeps_the_best_fixed_length_on_the_recorded_mtp_costs(acceptance):
     """The recorded costs and acceptance by position (greedy; T=0.8 temperature only) on the simulator: `auto`
     against the best fixed k of 1..3, a fresh policy (cold) and after one request (warm)."""
-    from support.policy_sim import Machine, simulate
+    from support.policy_sim import Machine, cold_and_warm
 
     v = [1.0, 1.11, 1.345, 1.60]
     machine = Machine("h200 qwen35 27B + MTP, recorded", lambda n: v[n - 1], 0.099, 0.01, switch=(0.45, 0.45),
                       draft_switch=0.1, gpu=True)
-    cold, warm = [], []
-    for seed in range(6):
-        best = max(simulate(FixedPolicy(k), machine, list(acceptance), requests=4, max_tokens=128,
-                            seed=seed).throughput for k in (1, 2, 3))
-        cold.append(simulate(make_policy("auto", draft_max=3), machine, list(acceptance), requests=4, max_tokens=128,
-                             seed=seed).throughput / best)
-        p = make_policy("auto", draft_max=3)
-        simulate(p, machine, list(acceptance), requests=1, max_tokens=128, seed=seed + 100)
-        warm.append(simulate(p, machine, list(acceptance), requests=4, max_tokens=128, seed=seed).throughput / best)
+    cold, warm = cold_and_warm(machine, list(acceptance), 3)
     assert np.mean(cold) >= 0.97 and np.mean(warm) >= 0.975 and min(cold + warm) >= 0.94, (cold, warm)
 
 
@@ -883,17 +875,9 @@ def test_auto_keeps_the_best_fixed_length_on_the_h200_synthetic_mtp_case():
     acceptance by position): on the simulator `auto` keeps 0.97 of the best fixed k cold and 0.975 warm. The run
     itself made 0.934 and 0.985: `policy_sim.py --replay` on its report puts its cold choices at 0.960 here and the
     rest in what its steps cost beyond the simulator's (results/auto-policy-notes.md)."""
-    from support.policy_sim import RECORDED, simulate
+    from support.policy_sim import RECORDED, cold_and_warm
 
     name, machine, acceptance, k_max = RECORDED[-1]
     assert machine.name.startswith("h200 synthetic"), name
-    cold, warm = [], []
-    for seed in range(6):
-        best = max(simulate(FixedPolicy(k), machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput
-                   for k in range(1, k_max + 1))
-        cold.append(simulate(make_policy("auto", draft_max=k_max), machine, acceptance, requests=4, max_tokens=128,
-                             seed=seed).throughput / best)
-        p = make_policy("auto", draft_max=k_max)
-        simulate(p, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
-        warm.append(simulate(p, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
+    cold, warm = cold_and_warm(machine, acceptance, k_max)
     assert np.mean(cold) >= 0.97 and np.mean(warm) >= 0.975 and min(cold + warm) >= 0.94, (cold, warm)

@@ -269,21 +269,28 @@ RECORDED = [("MTP, greedy", MTP_RECORDED, [0.69, 0.70, 0.69], 3),
             ("synthetic MTP 70%, greedy (H200 at a627829)", MTP_SYNTH_H200, [0.667, 0.77, 0.66], 3)]
 
 
+def cold_and_warm(machine: Machine, acceptance, k_max: int, seeds: int = 6) -> tuple[list, list]:
+    """auto against the best fixed k of 1..k_max, 4 requests x 128 tokens, one ratio a seed: cold (a fresh policy)
+    and warm (after one request)."""
+    cold, warm = [], []
+    for seed in range(seeds):
+        best = max(simulate(FixedPolicy(k), machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput
+                   for k in range(1, k_max + 1))
+        cold.append(simulate(make_policy("auto", draft_max=k_max), machine, acceptance, requests=4, max_tokens=128,
+                             seed=seed).throughput / best)
+        policy = make_policy("auto", draft_max=k_max)
+        simulate(policy, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
+        warm.append(simulate(policy, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
+    return cold, warm
+
+
 def recorded(seeds: int = 6) -> None:
     """auto against the best fixed k on the recorded H200 cases, cold (a fresh policy) and warm (after one
     request): 4 requests x 128 tokens."""
     print("| case | cold | warm |")
     print("|---|---|---|")
     for name, machine, acceptance, k_max in RECORDED:
-        cold, warm = [], []
-        for seed in range(seeds):
-            best = max(simulate(FixedPolicy(k), machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput
-                       for k in range(1, k_max + 1))
-            cold.append(simulate(make_policy("auto", draft_max=k_max), machine, acceptance, requests=4, max_tokens=128,
-                                 seed=seed).throughput / best)
-            policy = make_policy("auto", draft_max=k_max)
-            simulate(policy, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
-            warm.append(simulate(policy, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
+        cold, warm = cold_and_warm(machine, acceptance, k_max, seeds)
         print(f"| {name} | {sum(cold) / seeds:.3f} [{min(cold):.3f}] | {sum(warm) / seeds:.3f} [{min(warm):.3f}] |")
 
 
