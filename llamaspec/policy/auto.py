@@ -251,7 +251,7 @@ class AutoPolicy(DraftPolicy):
         # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
         # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
         counted = 1 if model.per_pass else drafted - 1 if self._since_draft >= 3 else drafted
-        model.record_draft(draft_seconds, counted, warm)
+        model.record_draft(draft_seconds, counted, warm, drafted)
         missed, self._since_draft = self._since_draft, 0
         self._since_plain += 1
         self.accept.record_draft(drafted, accepted)

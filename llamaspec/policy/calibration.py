@@ -25,6 +25,7 @@ class Sweep(DraftPolicy):
         self._warm: dict[int, list[float]] = {}
         self._cold: dict[int, list[float]] = {}
         self._draft: list[float] = []
+        self._steps: dict[int, list[float]] = {}   # draft length -> warm drafting steps' seconds
 
     def next_draft_len(self) -> int:
         return self.k
@@ -37,6 +38,7 @@ class Sweep(DraftPolicy):
             self._warm.setdefault(n, []).append(verify_seconds)
             if drafted:
                 self._draft.append(draft_seconds / drafted)
+                self._steps.setdefault(drafted, []).append(draft_seconds)
         else:
             self._cold.setdefault(n, []).append(verify_seconds)
         self._left -= 1
@@ -48,7 +50,8 @@ class Sweep(DraftPolicy):
     def costs(self) -> Costs:
         verify = {n: median(seconds) for n, seconds in sorted(self._warm.items())}
         excess = [c - verify[n] for n, seconds in self._cold.items() if n in verify for c in seconds]
-        return Costs(verify, median(self._draft) if self._draft else None, excess)
+        return Costs(verify, median(self._draft) if self._draft else None, excess,
+                     {k: median(seconds) for k, seconds in sorted(self._steps.items())})
 
 
 def measure_costs(pair, draft_max: int | None = None) -> Costs | None:

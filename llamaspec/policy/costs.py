@@ -1,8 +1,10 @@
 """What `auto` estimates, kept apart from what it decides: a pure cost model.
 
     tokens(k) = 1 + sum_{j<=k} prod_{i<=j} a_i          (a_i: acceptance at draft position i, given i-1 accepted)
-    time(k)   = k * t_draft + t_verify(k + 1)            (t_verify(n): one target pass over n tokens)
-              = t_draft + t_verify(k + 1)                for a drafter whose whole draft is one pass (DFlash)
+    time(k)   = t_draft(k) + t_verify(k + 1)             (t_verify(n): one target pass over n tokens)
+    t_draft(k) = t_start + k * t_token                   (a line through the draft lengths measured; with one
+                                                          measured, k times its time a token)
+              = t_draft                                  for a drafter whose whole draft is one pass (DFlash)
 
 `Acceptance` holds the a_i, `CostModel` t_draft and t_verify(n), each learnt from what the engine reports; neither
 knows about phases, probes or credit (auto.py), nor about models or tokens.
@@ -185,6 +187,9 @@ class CostModel:
         self.sizes: list[int] = []                   # measured batch sizes (warm or cold), sorted
         self.draft = Timing()                        # seconds per drafted token, warm steps
         self.draft_cold = Timing()                   # ... cold steps (a probe's)
+        self.drafts: dict[int, Timing] = {}          # draft length -> seconds per warm drafting step of that length
+        self._draft_line: tuple | None = None        # (t_start, t_token), until a draft is recorded
+        self._lengths_timed = False                  # the load timed two or more draft lengths (calibrate)
         self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
         self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
         self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, until a pass is recorded
@@ -218,10 +223,14 @@ class CostModel:
             cold.add(seconds, 1.0, self.tuning.decay)
         return warm, excess
 
-    def record_draft(self, seconds: float, counted: int, warm: bool) -> None:
-        """`counted` drafted tokens (draft passes) took `seconds`."""
+    def record_draft(self, seconds: float, counted: int, warm: bool, drafted: int = 0) -> None:
+        """`counted` drafted tokens (draft passes) took `seconds`; a warm step whose time holds all its `drafted`
+        tokens (no catch-up) times its draft length too."""
         if counted > 0:
             (self.draft if warm else self.draft_cold).add(seconds / counted, counted, self.tuning.decay)
+            self._draft_line = None
+        if warm and drafted == counted and self._lengths_timed:
+            self.drafts.setdefault(drafted, Timing()).add(seconds, 1.0, self.tuning.decay)
 
     def new_request(self) -> None:
         self.last_n = self.run = 0
@@ -238,6 +247,11 @@ class CostModel:
         if costs.draft is not None:
             for _ in range(samples):
                 self.draft.add(costs.draft, 1.0, decay)
+        for k, seconds in costs.drafts.items():
+            for _ in range(samples):
+                self.drafts.setdefault(k, Timing()).add(seconds, 1.0, decay)
+        self._lengths_timed = len(costs.drafts) >= 2 and not self.per_pass
+        self._draft_line = None
         self.excess.extend(costs.excess[-self.excess.maxlen:])
 
     # -- estimates ------------------------------------------------------------------------------------------
@@ -255,6 +269,39 @@ class CostModel:
     def draft_units(self, k: int) -> int:
         """Draft costs of t_draft that a k-token draft takes."""
         return 1 if self.per_pass and k else k
+
+    def draft_line(self) -> tuple[float, float] | None:
+        """(t_start, t_token) of a drafting step, t_draft(k) = t_start + k t_token: the least-squares line through
+        the draft lengths measured warm, each at its own estimate (a drafter pays a step's bookkeeping once however
+        long the draft: on an H200 the 32B pair's draft took 0.83 ms for one token and 3.25 for five), kept at
+        t_start >= 0, where the load timed the lengths (calibrate, on a GPU: warm passes, steady times); else, and
+        with fewer than two lengths measured, (0, t_draft): a line through a few noisy timings of a shared CPU drew
+        long drafts too cheap in the simulator. None before t_draft is known."""
+        if self._draft_line is not None:
+            return self._draft_line
+        t_draft = self.t_draft
+        if t_draft is None:
+            return None
+        points = [(k, timing.value) for k, timing in self.drafts.items() if timing.samples]
+        line = (0.0, t_draft)
+        if len(points) >= 2 and self._lengths_timed:
+            n = len(points)
+            mk, mt = sum(k for k, _ in points) / n, sum(t for _, t in points) / n
+            spread = sum((k - mk) ** 2 for k, _ in points)
+            slope = max(sum((k - mk) * (t - mt) for k, t in points) / spread, 0.0)
+            start = mt - slope * mk
+            line = (start, slope) if start >= 0.0 else (0.0, mt / mk)
+        self._draft_line = line
+        return line
+
+    def draft_time(self, k: int) -> float:
+        """t_draft(k): seconds of a warm drafting step of k tokens (0 for none; t_draft must be known)."""
+        if not k:
+            return 0.0
+        if self.per_pass:
+            return self.t_draft
+        start, per_token = self.draft_line()
+        return start + k * per_token
 
     def size_time(self, n: int) -> float:
         """A warm pass over n tokens: as measured warm, else a cold one less what a cold pass costs beyond it."""
@@ -339,7 +386,7 @@ class CostModel:
         verify, t_draft = self.verify_time(k + 1, optimistic), self.t_draft
         if verify is None or (k and t_draft is None):
             return None
-        return self.draft_units(k) * (t_draft or 0.0) + verify
+        return (self.draft_time(k) if k else 0.0) + verify
 
     def speeds(self, acceptances: list[float], k_max: int, optimistic: bool):
         """(k, tokens(k) / time(k)) for k = 0..k_max, as far as the estimates reach, in one pass: tokens(k) grows by
@@ -351,11 +398,12 @@ class CostModel:
         t_draft = self.t_draft
         if t_draft is None:
             return
+        start, per_token = (t_draft, 0.0) if self.per_pass else self.draft_line()
         tokens = run = 1.0
         for k in range(1, k_max + 1):
             run *= acceptances[k]
             tokens += run
-            yield k, tokens / (self.draft_units(k) * t_draft + verify[k + 1])
+            yield k, tokens / (start + k * per_token + verify[k + 1])
 
     def best_k(self, acceptances: list[float], k_max: int, optimistic: bool) -> int:
         """argmax_k tokens(k) / time(k) (ties go to the longer draft)."""
@@ -367,8 +415,7 @@ class CostModel:
         verify, t_draft = self.verify_curve(k_max + 1, False), self.t_draft
         if not verify or t_draft is None:
             return None
-        return verify[1] * max((k + 1) / (self.draft_units(k) * t_draft + verify[k + 1])
-                               for k in range(1, k_max + 1))
+        return verify[1] * max((k + 1) / (self.draft_time(k) + verify[k + 1]) for k in range(1, k_max + 1))
 
     def catch_up(self, missed: int) -> float:
         """Estimated seconds for the drafter to catch up on `missed` tokens in one batch with the next one, which
@@ -390,7 +437,7 @@ class CostModel:
         speeds = dict(self.speeds(acceptances, max(k, new), optimistic))
         if k not in speeds or new not in speeds:
             return True
-        t_step = self.draft_units(new) * self.t_draft + self.verify_time(new + 1, optimistic)
+        t_step = self.draft_time(new) + self.verify_time(new + 1, optimistic)
         return (speeds[new] - speeds[k]) * self.tuning.horizon * t_step > cost * speeds[k]
 
     def probe_loss(self, k: int, missed: int) -> float:

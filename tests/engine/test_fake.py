@@ -366,6 +366,7 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
     assert sorted(pair.costs.verify) == [1, 2, 3, 4, 5, 6] and pair.costs.draft > 0
     assert len(pair.costs.excess) == 12                                              # two cold passes a size
+    assert sorted(pair.costs.drafts) == [1, 2, 3, 4, 5] and all(v > 0 for v in pair.costs.drafts.values())
     auto = make_policy("auto", draft_max=5)
     pair.set_policy(auto)   # every policy taken from here on starts from them
     assert auto.verify_time(6) == pytest.approx(pair.costs.verify[6])

@@ -40,6 +40,7 @@ class Machine:
                                         # changed (a GPU re-captures its CUDA graph: one pass uncaptured, one captured)
     draft_switch: float = 0.0           # extra draft time of a step whose draft length differs from the last one's
     first_draft: float = 0.0            # extra draft time of a request's first draft (attaching its sampler)
+    draft_step: float = 0.0             # draft time of a drafting step beyond its tokens' (the drafter's bookkeeping)
     gpu: bool = False                   # load_pair warms the pair up and measures its costs (Pair.warm_up)
 
     def verify_at(self, n: int, same_before: int) -> float:
@@ -49,8 +50,9 @@ class Machine:
 
     def costs(self, k_max: int) -> Costs:
         """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess."""
-        return Costs({n: self.verify(n) for n in range(1, k_max + 2)}, self.draft_cost,
-                     [self.switch[0], self.switch[1]] * (k_max + 1))
+        return Costs({n: self.verify(n) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
+                     [self.switch[0], self.switch[1]] * (k_max + 1),
+                     {k: self.draft_step + k * self.draft_cost for k in range(1, k_max + 1)})
 
     def draft_batch(self, n: int) -> float:
         """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
@@ -179,7 +181,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                     missing = min(history, WINDOW)
                 first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
                 rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0)
-                             + (0.0 if drafted_yet else machine.first_draft))
+                             + (0.0 if drafted_yet else machine.first_draft) + machine.draft_step)
                 drafted_yet = True
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
@@ -251,6 +253,10 @@ MTP_RECORDED = Machine("h200 27B + MTP, recorded", lambda n: V27_RECORDED[n - 1]
                        draft_switch=0.1, gpu=True)
 D70_RECORDED = Machine("h200 32B + ~70% draft, recorded", lambda n: H200_V[n - 1], 0.078, 0.01,
                        switch=(0.45, 0.45), draft_switch=0.3, gpu=True)
+# the same pair with its draft's cost per step as the H200 timed it (h200-uniform-32b-draft70-at-c25a40d.md: 2.70 ms
+# for 3 tokens, 3.24-3.44 for 4, 3.70 for 5 against 10.4 ms a plain pass): a step 0.115 of a pass, a token 0.048
+D70_STEP = Machine("h200 32B + ~70% draft, a step's own cost", lambda n: H200_V[n - 1], 0.048, 0.01,
+                   switch=(0.45, 0.45), draft_switch=0.3, gpu=True, draft_step=0.115)
 # the 32B pair's greedy answers (results/h200-uniform-32b-draft70-at-b907a91.md: fixed k=3 and k=5 made 3.20 and 4.27
 # tokens a pass; GreedyRuns(0.55, 0.93) makes 3.21 and 4.25)
 D70_GREEDY = GreedyRuns(0.55, 0.93)
@@ -266,7 +272,9 @@ RECORDED = [("MTP, greedy", MTP_RECORDED, [0.69, 0.70, 0.69], 3),
             ("32B ~70%, T=0.8, acceptance rising along the draft", D70_RECORDED, [.81, .88, .85, .97, .97, .85], 12),
             ("32B ~70%, the same mean acceptance, flat (0.7)", D70_RECORDED, 0.7, 12),
             ("32B ~70%, greedy: runs of agreement", D70_RECORDED, D70_GREEDY, 12),
-            ("synthetic MTP 70%, greedy (H200 at a627829)", MTP_SYNTH_H200, [0.667, 0.77, 0.66], 3)]
+            ("synthetic MTP 70%, greedy (H200 at a627829)", MTP_SYNTH_H200, [0.667, 0.77, 0.66], 3),
+            ("32B ~70% flat, a draft step's own cost (0.115)", D70_STEP, 0.7, 12),
+            ("32B ~70% greedy runs, a draft step's own cost", D70_STEP, D70_GREEDY, 12)]
 
 
 def cold_and_warm(machine: Machine, acceptance, k_max: int, seeds: int = 6) -> tuple[list, list]:
