@@ -78,9 +78,12 @@ class BatchPolicy:
         self.free_drafts = free_drafts        # prompt lookup: a round costs nothing worth measuring
         if costs is not None:
             self.model.calibrate(costs)
-            if costs.draft is not None:       # one sequence's drafted token: a round's first guess
-                for rounds in (1, 2) * self.tuning.plain_samples:
-                    self.rounds.add(rounds, rounds * costs.draft)
+            # one sequence's drafting steps as the load timed them (each length's, else k drafted tokens): the
+            # rounds' first guess, with the step's own cost where two or more lengths were timed
+            steps = costs.drafts or ({1: costs.draft, 2: 2 * costs.draft} if costs.draft is not None else {})
+            for _ in range(self.tuning.plain_samples):
+                for rounds, seconds in steps.items():
+                    self.rounds.add(rounds, seconds)
         self.hopeless: set[int] = set()          # asks of the last allocation that not even a perfect draft pays
         self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval,
         #                                           1 while a passed probe waits to be judged by the next allocation]

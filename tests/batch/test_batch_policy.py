@@ -131,6 +131,16 @@ def test_it_learns_the_drafters_start_and_round_costs_apart():
     assert "t_draft(r) 50.00 + r x 10.00 ms" in bp.describe()
 
 
+def test_the_drafting_steps_the_load_timed_give_the_rounds_start_and_round_costs_at_once():
+    """Calibration keeps a sequence's warm drafting step of each length: the rounds' line starts there (a step's own
+    cost included); with only a drafted token's time, two lengths of k tokens each, no start."""
+    timed = BatchPolicy(costs=Costs({1: 0.01, 2: 0.011}, 0.0013, [], {1: 0.0017, 3: 0.0027, 5: 0.0037}))
+    start, per_round = timed.rounds.line()
+    assert start == pytest.approx(0.0012) and per_round == pytest.approx(0.0005)
+    token_only = BatchPolicy(costs=Costs({1: 0.01, 2: 0.011}, 0.0013, []))
+    assert token_only.rounds.line() == (0.0, pytest.approx(0.0013))
+
+
 def test_it_learns_the_shared_pass_by_its_rows():
     bp = policy(lambda n: 1.0, 0.1, n_max=4)   # seeded: one sequence's passes of 1..4 rows
     for _ in range(20):
