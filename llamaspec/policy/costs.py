@@ -273,10 +273,11 @@ class CostModel:
     def draft_line(self) -> tuple[float, float] | None:
         """(t_start, t_token) of a drafting step, t_draft(k) = t_start + k t_token: the least-squares line through
         the draft lengths measured warm, each at its own estimate (a drafter pays a step's bookkeeping once however
-        long the draft: on an H200 the 32B pair's draft took 0.83 ms for one token and 3.25 for five), kept at
-        t_start >= 0, where the load timed the lengths (calibrate, on a GPU: warm passes, steady times); else, and
-        with fewer than two lengths measured, (0, t_draft): a line through a few noisy timings of a shared CPU drew
-        long drafts too cheap in the simulator. None before t_draft is known."""
+        long the draft: on an H200 the 32B pair's draft took 0.83 ms for one token and 3.25 for five), where it
+        rises from t_start >= 0 (else a token's mean time), and where the load timed the lengths (calibrate, on a
+        GPU: warm passes, steady times); else, and with fewer than two lengths measured, (0, t_draft): a line through
+        a few noisy timings of a shared CPU drew long drafts too cheap in the simulator. None before t_draft is
+        known."""
         if self._draft_line is not None:
             return self._draft_line
         t_draft = self.t_draft
@@ -288,9 +289,10 @@ class CostModel:
             n = len(points)
             mk, mt = sum(k for k, _ in points) / n, sum(t for _, t in points) / n
             spread = sum((k - mk) ** 2 for k, _ in points)
-            slope = max(sum((k - mk) * (t - mt) for k, t in points) / spread, 0.0)
+            slope = sum((k - mk) * (t - mt) for k, t in points) / spread
             start = mt - slope * mk
-            line = (start, slope) if start >= 0.0 else (0.0, mt / mk)
+            # noise that tilts the line (a longer draft cheaper, a step below nothing): a token's mean time
+            line = (start, slope) if start >= 0.0 and slope > 0.0 else (0.0, mt / mk)
         self._draft_line = line
         return line
 

@@ -919,9 +919,12 @@ def test_without_lengths_timed_at_load_a_draft_costs_k_times_a_token():
     assert p.model.draft_time(4) == pytest.approx(4 * p.model.t_draft)
     one = _timed({2: 0.002})
     assert one.model.draft_line() == (0.0, pytest.approx(0.001)) and one.model.draft_time(3) == pytest.approx(0.003)
-    # a line that would start below zero (noise) is the mean time a token instead
+    # a line that would start below zero, or fall (noise: a busy CPU timed one token at 2.45 s and four at 0.39), is
+    # a token's mean time instead
     odd = _timed({1: 0.0005, 2: 0.0030})
     assert odd.model.draft_line() == (0.0, pytest.approx(0.0035 / 3))
+    falling = _timed({1: 2.45, 2: 4.75, 3: 7.14, 4: 0.39, 5: 0.53})
+    assert falling.model.draft_line() == (0.0, pytest.approx((2.45 + 4.75 + 7.14 + 0.39 + 0.53) / 15))
 
 
 def test_a_drafting_steps_own_cost_keeps_auto_near_the_best_length_on_the_32b_pair():
