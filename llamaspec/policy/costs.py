@@ -283,16 +283,16 @@ class CostModel:
         t_draft = self.t_draft
         if t_draft is None:
             return None
-        points = [(k, timing.value) for k, timing in self.drafts.items() if timing.samples]
         line = (0.0, t_draft)
-        if len(points) >= 2 and self._lengths_timed:
-            n = len(points)
-            mk, mt = sum(k for k, _ in points) / n, sum(t for _, t in points) / n
-            spread = sum((k - mk) ** 2 for k, _ in points)
-            slope = sum((k - mk) * (t - mt) for k, t in points) / spread
-            start = mt - slope * mk
+        if self._lengths_timed and len(self.drafts) >= 2:   # every length in it has samples (calibrate, record_draft)
+            n = sk = st = skk = skt = 0.0
+            for k, timing in self.drafts.items():
+                t = timing.total / timing.weight
+                n, sk, st, skk, skt = n + 1, sk + k, st + t, skk + k * k, skt + k * t
+            slope = (n * skt - sk * st) / (n * skk - sk * sk)
+            start = (st - slope * sk) / n
             # noise that tilts the line (a longer draft cheaper, a step below nothing): a token's mean time
-            line = (start, slope) if start >= 0.0 and slope > 0.0 else (0.0, mt / mk)
+            line = (start, slope) if start >= 0.0 and slope > 0.0 else (0.0, st / sk)
         self._draft_line = line
         return line
 
