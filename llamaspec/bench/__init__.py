@@ -423,6 +423,8 @@ def auto_state(policy: AutoPolicy) -> str:
     cold = f"; a cold pass {policy.switch_cost / v1:.2f} plain passes slower"
     speeds = policy.model.speeds(policy.accept.estimates(), min(policy.draft_max, 6), False)
     predicted = ", ".join(f"k={k} {tps:.1f}" for k, tps in speeds)
-    return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {t_draft / v1:.2f}, {points}{cold}; "
+    start, per_token = policy.model.draft_line()
+    step = f", a drafting step's own cost {start / v1:.3f}" if start else ""
+    return (f"t_verify(1) {1000 * v1:.1f} ms, draft/target cost per token {per_token / v1:.2f}{step}, {points}{cold}; "
             f"perfect-draft gain {gain:.2f}; acceptance by position {acceptance}; the tok/s it predicts from these "
             f"(draft and verification only) {predicted}")

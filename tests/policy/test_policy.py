@@ -824,6 +824,12 @@ def test_a_reports_rows_give_acceptance_by_position_its_costs_and_auto_s_trace(t
     assert auto["requests"] == ["0s0222", "1111", "2223", "3"] and auto["tps"] == 120.0
     assert auto["rounds"] == [auto["requests"]]
     assert auto["v"] == [1.0, 1.07, 1.31, 1.56] and auto["draft"] == 0.10 and auto["cold"] == 0.50
+    assert auto["step"] == 0.0   # a report without a drafting step's own cost (before the draft line)
+    stepped = tmp_path / "s.md"
+    stepped.write_text(report.read_text().replace("cost per token 0.10,", "cost per token 0.05, a drafting step's own "
+                                                  "cost 0.115,"))
+    costs = read_report(stepped)["auto"]["auto"]
+    assert costs["step"] == 0.115 and costs["draft"] == 0.05
     assert got["fixed"] == {1: 119.0, 2: 123.0, 3: 116.0}
 
 
@@ -906,6 +912,16 @@ def test_lengths_timed_at_load_draw_a_drafting_steps_cost_as_a_line():
     for _ in range(3):
         p.model.record_draft(0.0040, 5, True, 5)
     assert p.model.draft_time(5) > before
+
+
+def test_the_state_line_prints_the_drafting_steps_own_cost_where_the_line_has_one():
+    from llamaspec.bench import auto_state
+
+    p = _timed({1: 0.0017, 3: 0.0027, 5: 0.0037})
+    p.update(0, 0, 0.0, 0.010)
+    line = auto_state(p)
+    assert "draft/target cost per token 0.05, a drafting step's own cost 0.120, v(1)=1.00" in line, line
+    assert "own cost" not in auto_state(_timed({2: 0.002}))
 
 
 def test_without_lengths_timed_at_load_a_draft_costs_k_times_a_token():

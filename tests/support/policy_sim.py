@@ -440,17 +440,20 @@ def read_report(path: Path) -> dict:
         v = [float(x) for _, x in sorted(((int(n), x) for n, x in re.findall(r"v\((\d+)\)=([\d.]+)", model)))]
         cost = re.search(r"cost per token ([\d.]+)", model)
         cold = re.search(r"a cold pass ([\d.]+) plain passes slower", model)
+        step = re.search(r"a drafting step's own cost ([\d.]+)", model)
         rounds = [t.split("|")[1 + (mode == "auto+warm"):] for _, t in found]   # auto+warm: its warm-up first
         out["auto"][mode] = dict(tps=rows[mode][0], requests=rounds[0], rounds=rounds,
                                  v=v, draft=float(cost.group(1)) if cost else 0.1,
-                                 cold=float(cold.group(1)) if cold else 0.0)
+                                 cold=float(cold.group(1)) if cold else 0.0,
+                                 step=float(step.group(1)) if step else 0.0)
     return out
 
 
 def replay(path: str, seeds: int = 24) -> None:
-    """A real run's `auto` beside the simulator's: its recorded choices (each round's, bench_engine --rounds) replayed on
-    a machine of the costs it measured (the first round's) and the acceptance by position its fixed rows show, against the best fixed k there, next to the simulator's own
-    `auto` on that machine and what the run measured. Where the replayed choices come out near the measurement, the
+    """A real run's `auto` beside the simulator's: its recorded choices (each round's, bench_engine --rounds) replayed
+    on a machine of the costs it measured (the first round's: passes, a drafted token, a drafting step's own cost, a
+    cold pass) and the acceptance by position its fixed rows show, against the best fixed k there, next to the
+    simulator's own `auto` on that machine and what the run measured. Where the replayed choices come out near the measurement, the
     run lost to its choices; where they come out higher, to what its steps cost beyond the simulator's (Python, timing
     noise between the rows)."""
     if "--workload mixed" in Path(path).read_text():
@@ -467,7 +470,7 @@ def replay(path: str, seeds: int = 24) -> None:
     for mode, run in report["auto"].items():
         v = run["v"] + [run["v"][-1] + (run["v"][-1] - run["v"][-2]) * i for i in range(1, 8)]
         machine = Machine(f"{path} {mode}", lambda n, v=v: v[n - 1], run["draft"], 0.01,
-                          switch=(run["cold"], run["cold"]), gpu=True)
+                          switch=(run["cold"], run["cold"]), gpu=True, draft_step=run["step"])
         tokens = 128
         replayed, own = [], []
         for seed in range(seeds):
