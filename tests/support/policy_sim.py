@@ -453,9 +453,9 @@ def replay(path: str, seeds: int = 24) -> None:
     """A real run's `auto` beside the simulator's: its recorded choices (each round's, bench_engine --rounds) replayed
     on a machine of the costs it measured (the first round's: passes, a drafted token, a drafting step's own cost, a
     cold pass) and the acceptance by position its fixed rows show, against the best fixed k there, next to the
-    simulator's own `auto` on that machine and what the run measured. Where the replayed choices come out near the measurement, the
-    run lost to its choices; where they come out higher, to what its steps cost beyond the simulator's (Python, timing
-    noise between the rows)."""
+    simulator's own `auto` on that machine and what the run measured. Where the replayed choices come out near the
+    measurement, the run lost to its choices; where they come out higher, to what its steps cost beyond the
+    simulator's (Python, timing noise between the rows)."""
     if "--workload mixed" in Path(path).read_text():
         raise SystemExit(f"{path}: a mixed session (its requests differ in acceptance): --replay takes uniform reports")
     report = read_report(Path(path))
