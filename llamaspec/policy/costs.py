@@ -229,7 +229,7 @@ class CostModel:
         if counted > 0:
             (self.draft if warm else self.draft_cold).add(seconds / counted, counted, self.tuning.decay)
             self._draft_line = None
-        if warm and drafted == counted and self._lengths_timed:
+        if warm and drafted and drafted == counted and self._lengths_timed:
             self.drafts.setdefault(drafted, Timing()).add(seconds, 1.0, self.tuning.decay)
 
     def new_request(self) -> None:
@@ -388,7 +388,7 @@ class CostModel:
         verify, t_draft = self.verify_time(k + 1, optimistic), self.t_draft
         if verify is None or (k and t_draft is None):
             return None
-        return (self.draft_time(k) if k else 0.0) + verify
+        return self.draft_time(k) + verify
 
     def speeds(self, acceptances: list[float], k_max: int, optimistic: bool):
         """(k, tokens(k) / time(k)) for k = 0..k_max, as far as the estimates reach, in one pass: tokens(k) grows by
