@@ -16,9 +16,9 @@ greedy (T=0); filters: llama.cpp's defaults at --temp (top-k 40, top-p 0.95, min
 distribution, temperature last; llamaspec with sampler_order="llama.cpp"); temp: temperature only (the peers get
 --top-k 0 --top-p 1 --min-p 0). Each llamaspec mode runs every prompt once after one warm-up generation (`--rounds N`:
 N times, every mode once a round, each with a fresh policy, so that a mode's spread between rounds shows what one row
-of it can tell); the pair is closed before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With
---drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP
-drafting on the same file.
+of it can tell); the pair is closed before the peers run. The report says where llamaspec's filters ran (on the
+device or in numpy). With --drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the
+peers run their MTP drafting on the same file.
 
 A mixed workload (--workload mixed): one session whose requests change character, in this order: code completion,
 prose, a copy-heavy edit (the answer repeats much of the prompt), a short answer, a long reasoning-style answer (each
@@ -391,7 +391,6 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
     """Every mode in every regime on the one loaded pair: {regime name: (rows, auto's state lines, where)}. With
     synthetic acceptance (a.synth) the fixed-k rows run inside SyntheticAcceptance, rates resolved for each k."""
     out = {}
-    a.run_prompts, a.run_tokens = prompts, n_tokens
     for regime in regimes:
         rounds, states = [], []
         runs = [(mode, k) for mode in modes for k in (ks if mode == "fixed" else [None])]
@@ -399,7 +398,8 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
             rows = []
             rounds.append(rows)
             for mode, k in runs:
-                run_one(pair, a, regime, mode, k, rows, states, f" (round {rnd + 1})" if rnd else "")
+                rows.append(run_one(pair, a, regime, mode, k, prompts, n_tokens, states,
+                                    f" (round {rnd + 1})" if rnd else ""))
         rows = [merge_rounds(same) for same in zip(*rounds)]
         where = "" if regime.greedy else \
             f"; llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
@@ -407,10 +407,9 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
     return out
 
 
-def run_one(pair, a, regime, mode: str, k: int | None, rows: list, states: list, mark: str) -> None:
-    """One mode (a fixed one at k) over the prompts, a fresh policy: its row appended to `rows`, an auto policy's
-    state and draft lengths to `states` (`mark` names the round after the first)."""
-    prompts, n_tokens = a.run_prompts, a.run_tokens
+def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states: list, mark: str) -> Row:
+    """One mode (a fixed one at k) over the prompts with a fresh policy: its row; an auto policy's state and draft
+    lengths go to `states` (`mark` names the round after the first)."""
     name, warm, p_min, draft_max = parse_mode(mode)
     policy = mode_policy(name, k, p_min, a.reach, draft_max)
     if getattr(a, "costs", None):
@@ -425,15 +424,16 @@ def run_one(pair, a, regime, mode: str, k: int | None, rows: list, states: list,
         kind, value = a.synth
         rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
         with SyntheticAcceptance(pair, rates, seed=k) as synth:
-            rows.append(run_mode(pair, label, prompts, n_tokens, regime))
-        rows[-1].synthetic = synth.label
+            row = run_mode(pair, label, prompts, n_tokens, regime)
+        row.synthetic = synth.label
     else:
-        rows.append(run_mode(pair, label, prompts, n_tokens, regime))
+        row = run_mode(pair, label, prompts, n_tokens, regime)
     if steps is not None:   # what it measured explains what it chose
         states.append(f"- {label}'s cost model at the end{mark}: {auto_state(policy)}; "
-                      f"{rows[-1].shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
+                      f"{row.shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
                       f"accepted/rejected, | a new request): `{''.join(steps)}`")
-    print(f"done: {regime.name} {rows[-1].name}{mark}: {rows[-1].tps:.2f} tok/s", file=sys.stderr)
+    print(f"done: {regime.name} {row.name}{mark}: {row.tps:.2f} tok/s", file=sys.stderr)
+    return row
 
 
 def _ratio(a: float, b: float) -> str:

@@ -3,15 +3,15 @@ that draft the same lengths, their Python milliseconds a step (time outside llam
 rollback, as the Python share counts it) in interleaved rounds, and `auto` itself beside them:
 
     fixed        FixedPolicy(k)
-    replay       the lengths of --lengths, replayed (k where the sequence has no more), no bookkeeping
-    replay-mix   the same, a length changing as an `auto` trace changes it (--mix)
+    replay       k every step through a replaying policy object, no bookkeeping
+    replay-mix   the same, the lengths changing as an `auto` trace changed them (--mix) at each request's start
     replay+auto  replay, with an AutoPolicy told every step (its update runs; its choices are not taken)
     auto         the load's own AutoPolicy (the costs measured at load), choosing its lengths
 
 replay - fixed is what a policy object costs the engine, replay-mix - replay what changes of length cost, replay+auto
 - replay what `auto`'s own bookkeeping costs; auto - replay+auto what its own choices (their lengths, its shadow
-probes) cost a step beyond that. --costs gives the AutoPolicy the costs a GPU measured at load (the
-H100's 27B hybrid by default), so that it reasons as it did there.
+probes) cost a step beyond that. replay+auto's AutoPolicy starts from the costs the H100's 27B hybrid measured at load
+(H100_MTP), so that it reasons as it did there.
 
     python benchmarks/probes/auto_step_cost.py --target T.gguf --drafter mtp [--k 2] [-n 256] [--repeat 5]
         [--mix 0s03333333333333333333332222222222] [--no-repack --threads 2]

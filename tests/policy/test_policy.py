@@ -966,3 +966,22 @@ def test_a_drafting_steps_own_cost_keeps_auto_near_the_best_length_on_the_32b_pa
     assert cold >= cold0 + 0.01 and warm >= warm0 + 0.01 and min(cold, warm) >= 0.96, (cold0, warm0, cold, warm)
     (cold0, warm0), (cold, warm) = both(D70_GREEDY)
     assert cold >= cold0 + 0.03 and warm >= warm0 - 0.01 and min(cold, warm) >= 0.96, (cold0, warm0, cold, warm)
+
+
+def test_replay_says_in_one_line_what_it_cannot_replay(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sim = Path(__file__).resolve().parents[1] / "support" / "policy_sim.py"
+    root = Path(__file__).resolve().parents[2]
+    not_report, mixed = tmp_path / "notes.md", tmp_path / "mixed.md"
+    not_report.write_text("# notes\n")
+    mixed.write_text("# llamaspec engine benchmark\n\n- command: `bench_engine.py --workload mixed`\n")
+    for args, says in ((["--replay"], "usage"), (["--replay", str(tmp_path / "none.md")], "no file"),
+                       (["--replay", str(not_report)], "not a bench_engine report"),
+                       (["--replay", str(mixed)], "a mixed session")):
+        done = subprocess.run([sys.executable, str(sim), *args], capture_output=True, text=True, timeout=60,
+                              cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+        assert done.returncode == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1

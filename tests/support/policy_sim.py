@@ -456,6 +456,8 @@ def replay(path: str, seeds: int = 24) -> None:
     simulator's own `auto` on that machine and what the run measured. Where the replayed choices come out near the
     measurement, the run lost to its choices; where they come out higher, to what its steps cost beyond the
     simulator's (Python, timing noise between the rows)."""
+    if not Path(path).read_text().startswith("# llamaspec engine benchmark"):
+        raise SystemExit(f"{path}: not a bench_engine report (its first line names it)")
     if "--workload mixed" in Path(path).read_text():
         raise SystemExit(f"{path}: a mixed session (its requests differ in acceptance): --replay takes uniform reports")
     report = read_report(Path(path))
@@ -514,7 +516,10 @@ def main(seeds: int = 5) -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--replay"] and len(sys.argv) == 3:
+    if sys.argv[1:2] == ["--replay"]:
+        if len(sys.argv) != 3 or not Path(sys.argv[2]).is_file():
+            raise SystemExit("usage: policy_sim.py --replay REPORT.md (a bench_engine report of a uniform workload)"
+                             + (f": no file {sys.argv[2]}" if len(sys.argv) == 3 else ""))
         replay(sys.argv[2])
     else:
         {"--recorded": recorded, "--mixed": mixed, "--traces": traces}.get(sys.argv[1] if sys.argv[1:] else "", main)()
