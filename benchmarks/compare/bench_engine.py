@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 try:
@@ -124,6 +124,7 @@ class Row:
     runs: list = field(default_factory=list)       # tok/s of each request, in order
     run_tokens: list = field(default_factory=list)  # tokens of each request, in order
     round_tps: list = field(default_factory=list)   # with --rounds: the tok/s of each round, in order
+    auto_events: list = field(default_factory=list)  # an auto mode's: each round's calls that taught its policy
 
     @property
     def name(self) -> str:
@@ -201,6 +202,7 @@ def merge_rounds(rows: list) -> Row:
         out.step_overhead_ms += r.step_overhead_ms
         out.rollback_ms += r.rollback_ms
         out.round_tps.append(r.tps)
+        out.auto_events += r.auto_events
     for i in range(len(first.runs)):
         tokens = sum(r.run_tokens[i] for r in rows)
         seconds = sum(r.run_tokens[i] / r.runs[i] for r in rows if r.runs[i])
@@ -209,25 +211,37 @@ def merge_rounds(rows: list) -> Row:
     return out
 
 
-def record_steps(policy) -> list[str]:
-    """The draft length of every step a policy learns from, one character each (10-35 as a-z)."""
+def record_steps(policy) -> tuple[list[str], list]:
+    """The draft length of every step a policy learns from, one character each (10-35 as a-z), and every call the
+    engine makes that teaches it, in order, with its arguments (JSON's `auto_events`: ["policy", longest draft,
+    p_min], ["attach", draft cost, the costs measured at load or None], ["request"], ["shadow", chance, seconds],
+    ["update", drafted, accepted, draft seconds, verify seconds]): `policy_sim.py --events` replays them into a
+    fresh policy and shows why it chose what it chose."""
     steps: list[str] = []
-    update, shadow, new_request = policy.update, policy.shadow, policy.new_request
+    events: list = [["policy", policy.draft_max, policy.draft_p_min]]
+    update, shadow, new_request, attach = policy.update, policy.shadow, policy.new_request, policy.attach
 
-    def on_update(drafted, *rest):
+    def on_update(drafted, accepted, draft_seconds, verify_seconds):
         steps.append("0123456789abcdefghijklmnopqrstuvwxyz"[min(drafted, 35)])
-        update(drafted, *rest)
+        events.append(["update", drafted, accepted, draft_seconds, verify_seconds])
+        update(drafted, accepted, draft_seconds, verify_seconds)
 
     def on_shadow(accepted, seconds):
         steps.append("s" if accepted >= 0.5 else "x")
+        events.append(["shadow", accepted, seconds])
         shadow(accepted, seconds)
 
     def on_new_request():
         steps.append("|")
+        events.append(["request"])
         new_request()
 
-    policy.update, policy.shadow, policy.new_request = on_update, on_shadow, on_new_request
-    return steps
+    def on_attach(draft_cost="per_token", costs=None):
+        events.append(["attach", draft_cost, asdict(costs) if costs is not None else None])
+        attach(draft_cost, costs)
+
+    policy.update, policy.shadow, policy.new_request, policy.attach = on_update, on_shadow, on_new_request, on_attach
+    return steps, events
 
 
 PEER_LABELS = {"speculative-simple": "llama-speculative-simple", "llama-server": "llama-server",
@@ -415,7 +429,8 @@ def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states
     if getattr(a, "costs", None):
         pair.costs = mode_costs(a.costs, a.longest, draft_max)
     label = f"fixed k={k}" if name == "fixed" else mode
-    steps = record_steps(policy) if isinstance(policy, AutoPolicy) else None   # before the pair takes it
+    # before the pair takes it (its attach is recorded)
+    steps, events = record_steps(policy) if isinstance(policy, AutoPolicy) else (None, None)
     pair.set_policy(policy)
     if warm:
         pair.reset()
@@ -429,6 +444,7 @@ def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states
     else:
         row = run_mode(pair, label, prompts, n_tokens, regime)
     if steps is not None:   # what it measured explains what it chose
+        row.auto_events = [events]
         states.append(f"- {label}'s cost model at the end{mark}: {auto_state(policy)}; "
                       f"{row.shadow_probes} shadow probes; draft length by step (s/x: a shadow probe "
                       f"accepted/rejected, | a new request): `{''.join(steps)}`")
@@ -757,7 +773,8 @@ def write_report(a, hw: str, case, prompts, regimes, mine: dict, results: list, 
                        "rollback_ms_per_step": sum(r.rollback_ms) / len(r.rollback_ms) if r.rollback_ms else None,
                        "draft_ms_per_token": 1000 * r.draft_seconds / r.drafted if r.drafted else None,
                        "verify_ms_per_pass": 1000 * r.verify_seconds / r.passes if r.passes else None,
-                       "request_tok_s": r.runs, "request_tokens": r.run_tokens, "round_tok_s": r.round_tps or None}
+                       "request_tok_s": r.runs, "request_tokens": r.run_tokens, "round_tok_s": r.round_tps or None,
+                       **({"auto_events": r.auto_events} if r.auto_events else {})}
                       for r in rows]
             table += [{"regime": regime.name, "temperature": regime.temperature, "engine": r.peer,
                        "mode": f"k={r.k}", "synthetic": SYNTH if a.synth else None, "tok_s": r.tps, "vs_plain": r.tps / plain.tps if plain.tps else None,

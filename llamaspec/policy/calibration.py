@@ -8,6 +8,9 @@ from statistics import median
 from .base import Costs, DraftPolicy, check_k
 
 _LONGEST = 16   # the longest draft a warm-up runs
+# warm passes timed of each size (their median kept): with one, a pass 3% off on a GPU could price a draft length
+# `auto` does not run for a whole request (results/auto-policy-notes.md, "calibration")
+_WARM_SAMPLES = 5
 
 
 class Sweep(DraftPolicy):
@@ -55,16 +58,16 @@ class Sweep(DraftPolicy):
 
 
 def measure_costs(pair, draft_max: int | None = None) -> Costs | None:
-    """Run every draft length up to draft_max (the pair's policy's) on `pair`, greedy three steps each and then sampled
-    once each, and forget the text; the third greedy step of each size runs warm, and what those took is returned.
-    The pair is left with a sweep policy: the caller sets its own back."""
+    """Run every draft length up to draft_max (the pair's policy's) on `pair`, greedy _WARM_SAMPLES + 2 steps each and
+    then sampled once each, and forget the text; from the third greedy step of each size on its passes run warm, and
+    the medians of what those took are returned. The pair is left with a sweep policy: the caller sets its own back."""
     if draft_max is not None:
         check_k("draft_max", draft_max, 1)
     draft_max = min(draft_max or getattr(pair.policy, "draft_max", 0) or 1, _LONGEST)
     prompt = pair.tokenize("warm up")
     costs = None
     try:
-        for temperature, repeats in ((0.0, 3), (0.8, 1)):
+        for temperature, repeats in ((0.0, _WARM_SAMPLES + 2), (0.8, 1)):
             sweep = Sweep(draft_max, repeats)
             pair.set_policy(sweep)
             for _ in range(3):   # a reply that stops early (an end-of-text token) leaves the rest to the next

@@ -48,6 +48,14 @@ def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path
     rows = json.loads(js.read_text())
     assert [r["mode"] for r in rows] == ["plain", "fixed k=1", "auto"]
     assert all(len(r["round_tok_s"]) == 2 and r["request_tokens"] == [8] for r in rows), rows
+    auto = rows[2]
+    assert len(auto["auto_events"]) == 2 and "auto_events" not in rows[1]   # auto's calls, one list a round
+    from support.policy_sim import replay_events
+    for events in auto["auto_events"]:
+        assert events[0][0] == "policy" and events[1][0] == "attach" and events[2] == ["request"]
+        replayed = replay_events(events)
+        assert replayed and all(s["chosen"] >= s["drafted"] for s in replayed)   # the run's own choices, or cut
+        assert sum(s["chosen"] == s["drafted"] for s in replayed) >= len(replayed) - 1
     report = out.read_text()
     assert "in 2 interleaved rounds" in report and "llamaspec's rounds (tok/s each round, interleaved): plain " in report
     assert "- auto's cost model at the end: " in report and "- auto's cost model at the end (round 2): " in report

@@ -361,8 +361,8 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     pair = fake_pair(0.0, policy)
     pair.warm_up()
     sizes = [n for n in pair.target_ctx.evals[1:] if n <= 6]   # after the prompt's (the sampled sweep's is longer)
-    assert sizes[:18] == [6, 6, 6, 5, 5, 5, 4, 4, 4, 3, 3, 3, 2, 2, 2, 1, 1, 1]   # greedy: three steps of each k
-    assert sizes[18:24] == [6, 5, 4, 3, 2, 1]                                        # then sampled, once each
+    assert sizes[:42] == [n for n in range(6, 0, -1) for _ in range(7)]   # greedy: 7 steps of each k (5 warm)
+    assert sizes[42:48] == [6, 5, 4, 3, 2, 1]                               # then sampled, once each
     assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
     assert sorted(pair.costs.verify) == [1, 2, 3, 4, 5, 6] and pair.costs.draft > 0
     assert len(pair.costs.excess) == 12                                              # two cold passes a size

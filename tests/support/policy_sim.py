@@ -11,8 +11,12 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
     PYTHONPATH=. python tests/support/policy_sim.py --recorded   # auto against the best fixed k, recorded H200 cases
     PYTHONPATH=. python tests/support/policy_sim.py --mixed      # the same on mixed sessions (requests of changing acceptance)
     PYTHONPATH=. python tests/support/policy_sim.py --traces     # the same on acceptance recorded on a real pair
+    PYTHONPATH=. python tests/support/policy_sim.py --calibration   # the synthetic MTP file's own answers, the load's
+                                                                    # costs measured with errors
     PYTHONPATH=. python tests/support/policy_sim.py --replay REPORT.md   # a bench_engine report's auto: its choices
                                                                           # replayed, beside the simulator's auto
+    PYTHONPATH=. python tests/support/policy_sim.py --events REPORT.json [--steps]   # its auto's recorded steps fed
+                                                      # to a fresh policy: what it believed at each request's end
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Callable
 
 from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
@@ -48,11 +53,17 @@ class Machine:
         extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
         return self.verify(n) + extra
 
-    def costs(self, k_max: int) -> Costs:
-        """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess."""
-        return Costs({n: self.verify(n) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
+    def costs(self, k_max: int, noise: float = 0.0, samples: int = 1, rng: random.Random | None = None) -> Costs:
+        """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess; with
+        `noise`, each pass and drafting step it times off by a normal error of that relative size, and the median
+        of `samples` of them kept (calibration.py's warm samples of each size)."""
+        def timed(seconds: float) -> float:
+            if not noise:
+                return seconds
+            return median(seconds * (1.0 + noise * rng.gauss(0.0, 1.0)) for _ in range(samples))
+        return Costs({n: timed(self.verify(n)) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
                      [self.switch[0], self.switch[1]] * (k_max + 1),
-                     {k: self.draft_step + k * self.draft_cost for k in range(1, k_max + 1)})
+                     {k: timed(self.draft_step + k * self.draft_cost) for k in range(1, k_max + 1)})
 
     def draft_batch(self, n: int) -> float:
         """The draft over n tokens at once: one token is a draft step, more are prompt-like processing."""
@@ -128,14 +139,15 @@ class Load:
 
 def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests: int = 12, prompt_len: int = 40,
              max_tokens: int = 64, seed: int = 0, run_on: float | None = None,
-             session: list | None = None) -> RunResult:
+             session: list | None = None, calibration: tuple = (0.0, 1)) -> RunResult:
     """One policy object over `requests` requests (fresh caches each, as the benchmarks reset them). Each draft
     token is accepted with chance `acceptance`, or, with `run_on`, the first one is and every later one with chance
     `run_on` once the one before it was (greedy decoding, where agreement comes in runs). `acceptance` may also be a
     list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
     by position on a real pair. `session`, a list of (acceptance, max_tokens), replaces `requests`, `acceptance`
     and `max_tokens` by one request each (a mixed workload: requests of changing character); a request's acceptance
-    may be a `Trace`, recorded on a real pair, or `GreedyRuns`."""
+    may be a `Trace`, recorded on a real pair, or `GreedyRuns`. `calibration`: (noise, samples) of the costs a GPU
+    machine measures at load (Machine.costs), drawn from the seed."""
     rng, load = random.Random(seed), Load(machine, seed)
     plan = session if session is not None else [(acceptance, max_tokens)] * requests
     by_position, flat, trace, n_out = None, acceptance, None, 0
@@ -149,7 +161,9 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
 
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
-    hooks.attach("per_token", machine.costs(policy.draft_max) if machine.gpu else None)
+    noise, samples = calibration
+    hooks.attach("per_token", machine.costs(policy.draft_max, noise, samples, random.Random(seed ^ 0xCA1))
+                 if machine.gpu else None)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
@@ -290,6 +304,51 @@ def cold_and_warm(machine: Machine, acceptance, k_max: int, seeds: int = 6) -> t
         simulate(policy, machine, acceptance, requests=1, max_tokens=128, seed=seed + 100)
         warm.append(simulate(policy, machine, acceptance, requests=4, max_tokens=128, seed=seed).throughput / best)
     return cold, warm
+
+
+# The suite's synthetic 27B MTP file (agreement 0.7) on an H100 (results/h100-auto-suite-uniform-mtp-greedy-at-
+# 93beae3.md), its costs from the fixed rows: passes of 1..4 tokens 11.92, 13.07, 15.60, 18.20 ms; a drafting step
+# 1.41, 2.62, 3.72 ms for 1..3 tokens (0.022 of a pass and 0.097 a token); a cold pass 0.56 slower. Its greedy
+# answers' exact acceptance is the file's own walk (benchmarks/probes/synth_walk.py -> synth_mtp27b_walk.json), on
+# which this machine makes fixed k=1 and k=3 0.958 and 0.962 of k=2, as the run measured them (0.958, 0.963).
+V27_H100 = [1.0, 1.0965, 1.3087, 1.5268, 1.75, 1.97, 2.19, 2.41]
+MTP_SYNTH_H100 = Machine("h100 synthetic 27B + 70% MTP head, fixed rows", lambda n: V27_H100[n - 1], 0.0969, 0.01,
+                         switch=(0.56, 0.56), draft_switch=0.05, gpu=True, draft_step=0.0222)
+WALK_FILE = Path(__file__).with_name("synth_mtp27b_walk.json")
+
+
+def walk_session(set_names=("code", "prose")) -> list:
+    """The synthetic MTP file's greedy answers as a session, (Trace, the answer's length) each."""
+    requests = json.loads(WALK_FILE.read_text())["requests"]
+    return [(Trace(tuple(r["greedy"])), len(r["greedy"]) - 1) for r in requests if r["set"] in set_names]
+
+
+def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1)) -> tuple[list, list]:
+    """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100): cold, and warm after
+    bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's errors."""
+    session, warm_up = walk_session(), walk_session(("warm",))
+    best = max(simulate(FixedPolicy(k), MTP_SYNTH_H100, 0.0, session=session).throughput for k in (1, 2, 3))
+    cold, warm = [], []
+    for seed in range(seeds):
+        cold.append(simulate(make_policy("auto", draft_max=3), MTP_SYNTH_H100, 0.0, session=session, seed=seed,
+                             calibration=calibration).throughput / best)
+        policy = make_policy("auto", draft_max=3)
+        simulate(policy, MTP_SYNTH_H100, 0.0, session=warm_up, seed=seed, calibration=calibration)
+        warm.append(simulate(policy, MTP_SYNTH_H100, 0.0, session=session, seed=seed).throughput / best)
+    return cold, warm
+
+
+def calibration(seeds: int = 40) -> None:
+    """The synthetic MTP file's own answers with the costs measured at load off by a normal error a pass, and the
+    median of 1, 3 or 5 warm passes kept (calibration.py keeps 5): auto against the best fixed k."""
+    print(f"{seeds} draws of the load's errors; the synthetic 27B MTP file's greedy answers on the H100's costs")
+    print("| error a pass | warm passes kept | cold mean [min] | warm mean [min] |")
+    print("|---|---|---|---|")
+    for noise in (0.0, 0.01, 0.02, 0.03):
+        for samples in ((1,) if not noise else (1, 3, 5)):
+            cold, warm = walk_cold_and_warm(seeds if noise else 1, (noise, samples))
+            print(f"| {noise:.0%} | {samples} | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
+                  f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
 
 
 def recorded(seeds: int = 6) -> None:
@@ -488,6 +547,76 @@ def replay(path: str, seeds: int = 24) -> None:
         print(f"| {mode} | {run['tps'] / best_measured:.3f} | {mean(replayed):.3f} | {mean(own):.3f} |")
 
 
+def replay_events(events: list) -> list[dict]:
+    """Feed a run's recorded calls (bench_engine's `auto_events`) to a fresh AutoPolicy, in order, and return one
+    record a drafted or plain step: the length the policy chose before it (`chosen`), the length the engine ran
+    (`drafted`: shorter where a request's end or the context clamped it), and after it the policy's acceptance
+    estimates, the tok/s its cost model predicts for each k, and the gain over the current k a change must show to
+    repay its two cold passes within `horizon` steps. The policy is deterministic in what it is told, so where
+    every `chosen` is `drafted` (or the engine's clamp), the replay is the run's own policy."""
+    policy, request, out = None, 0, []
+    for event in events:
+        kind = event[0]
+        if kind == "policy":
+            policy = make_policy("auto", draft_max=event[1], draft_p_min=event[2])
+        elif kind == "attach":
+            c = event[2]
+            costs = None if c is None else Costs({int(n): t for n, t in c["verify"].items()}, c["draft"],
+                                                 list(c["excess"]), {int(k): t for k, t in c["drafts"].items()})
+            policy.attach(event[1], costs)
+        elif kind == "request":
+            request += 1
+            policy.new_request()
+        elif kind == "shadow":
+            policy.shadow(event[1], event[2])
+        elif kind == "update":
+            drafted, accepted, draft_seconds, verify_seconds = event[1:5]
+            chosen = policy.next_draft_len()
+            policy.update(drafted, accepted, draft_seconds, verify_seconds)
+            model, k_max = policy.model, policy.draft_max
+            estimates = policy.accept.estimates()
+            speeds = dict(model.speeds(estimates, k_max, False))
+            k = policy.next_draft_len()
+            best = max(speeds, key=lambda n: (speeds[n], n)) if speeds else k
+            needed = None
+            if speeds and best != k and best in speeds and k in speeds and model.switch_cost:
+                needed = 2 * model.switch_cost / (policy.tuning.horizon * model.step_time(best))
+            out.append(dict(request=request, chosen=chosen, drafted=drafted, accepted=accepted,
+                            draft_ms=1000 * draft_seconds, verify_ms=1000 * verify_seconds, next=k,
+                            estimates=estimates[1:k_max + 1], speeds=speeds, best=best, needed=needed))
+    return out
+
+
+def events(path: str, every_step: bool = False) -> None:
+    """What each auto row's policy believed in a bench_engine run (its JSON's `auto_events`): the replay checked
+    against the lengths the run drafted, then each request's end (and with `every_step`, every step)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"{path}: not a bench_engine JSON report ({error})")
+    found = [r for r in rows if isinstance(r, dict) and r.get("auto_events")] if isinstance(rows, list) else []
+    if not found:
+        raise SystemExit(f"{path}: no auto row with recorded steps (bench_engine writes `auto_events` for auto rows; "
+                         "older reports have none)")
+    for row in found:
+        for rnd, recorded in enumerate(row["auto_events"]):
+            steps = replay_events(recorded)
+            same = sum(s["chosen"] == s["drafted"] for s in steps)
+            clamped = sum(s["drafted"] < s["chosen"] for s in steps)
+            print(f"## {row['regime']} {row['mode']}, round {rnd + 1}: {len(steps)} steps; the replayed policy chose "
+                  f"the length run at {same}, a longer one the engine cut at {clamped}, another at "
+                  f"{len(steps) - same - clamped}")
+            for i, s in enumerate(steps):
+                last = i + 1 == len(steps) or steps[i + 1]["request"] != s["request"]
+                if not (every_step or last):
+                    continue
+                speeds = " ".join(f"k={k} {v:.1f}" for k, v in s["speeds"].items())
+                gain = f"; a change to k={s['best']} needs {100 * s['needed']:.1f}% more" if s["needed"] else ""
+                print(f"request {s['request']} {'end ' if last else ''}k={s['drafted']} accepted {s['accepted']} "
+                      f"draft {s['draft_ms']:.2f} ms verify {s['verify_ms']:.2f} ms | acceptance "
+                      f"{' '.join(f'{a:.2f}' for a in s['estimates'])} | tok/s {speeds} | next k={s['next']}{gain}")
+
+
 def main(seeds: int = 5) -> None:
     print(f"mean [min] over {seeds} seeds; CPU rows: 12 requests x 64 tokens, GPU rows: 4 x 128; prompts of 40 tokens")
     print()
@@ -516,10 +645,17 @@ def main(seeds: int = 5) -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--replay"]:
+    if sys.argv[1:2] == ["--events"]:
+        if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--steps"]) or not Path(sys.argv[2]).is_file():
+            raise SystemExit("usage: policy_sim.py --events REPORT.json [--steps] (a bench_engine JSON report)"
+                             + (f": no file {sys.argv[2]}" if len(sys.argv) > 2 and not Path(sys.argv[2]).is_file()
+                                else ""))
+        events(sys.argv[2], sys.argv[3:] == ["--steps"])
+    elif sys.argv[1:2] == ["--replay"]:
         if len(sys.argv) != 3 or not Path(sys.argv[2]).is_file():
             raise SystemExit("usage: policy_sim.py --replay REPORT.md (a bench_engine report of a uniform workload)"
                              + (f": no file {sys.argv[2]}" if len(sys.argv) == 3 else ""))
         replay(sys.argv[2])
     else:
-        {"--recorded": recorded, "--mixed": mixed, "--traces": traces}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+        reports = {"--recorded": recorded, "--mixed": mixed, "--traces": traces, "--calibration": calibration}
+        reports.get(sys.argv[1] if sys.argv[1:] else "", main)()

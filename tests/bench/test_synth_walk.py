@@ -1,0 +1,62 @@
+"""benchmarks/probes/synth_walk.py: a synthetic MTP file's greedy acceptance from its construction alone, checked
+against what the engine drafts and accepts on the file itself (the tiny preset, Qwen's tokenizer)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.gguf_factory import find_vocab_file
+
+from benchmarks.compare.bench_engine import CODE, PROSE
+from benchmarks.probes import synth_walk
+from benchmarks.synthetic import synth_mtp
+from llamaspec import load_pair
+from llamaspec.policy import FixedPolicy
+
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def walked(tmp_path_factory):
+    vocab = find_vocab_file("ggml-vocab-qwen35.gguf")
+    if vocab is None:
+        pytest.skip("llama.cpp's ggml-vocab-qwen35.gguf unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC, "
+                    "or allow pip to download the llama-cpp-python sdist)")
+    d = tmp_path_factory.mktemp("walk")
+    model = d / "tiny-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny", "--agree", "0.6",
+                           "--vocab", str(vocab)], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr
+    out = d / "walk.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.probes.synth_walk", "--vocab", str(vocab), "--preset",
+                           "tiny", "--agree", "0.6", "--tokens", str(TOKENS), "--per-set", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(synth_walk.__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "fixed k's tokens a pass on the 2 uniform requests: k=1 " in done.stderr
+    return model, json.loads(out.read_text())["requests"]
+
+
+@pytest.mark.slow
+def test_the_walk_predicts_every_fixed_length_s_drafted_and_accepted_tokens_exactly(walked):
+    model, requests = walked
+    by_prompt = {r["prompt"]: r["greedy"] for r in requests}
+    assert {r["set"] for r in requests} == {"code", "prose", "warm", "mixed"}
+    assert [len(by_prompt[p]) for p in (CODE[0], PROSE[0])] == [TOKENS + 1, TOKENS + 1]
+    with load_pair(str(model), drafter="mtp", no_repack=True, n_ctx=512, n_threads=2) as pair:
+        for k in (1, 3):
+            pair.set_policy(FixedPolicy(k, 0.0))
+            for prompt in (CODE[0], PROSE[0]):
+                flags, drafted, accepted, done = by_prompt[prompt], 0, 0, 0
+                while done < TOKENS:   # what the walk says fixed k drafts and keeps
+                    kk, run = min(k, TOKENS - done - 1), 0
+                    while run < kk and flags[done + run] == 1.0:
+                        run += 1
+                    drafted, accepted, done = drafted + kk, accepted + run, done + run + 1
+                pair.reset()
+                stats = pair.generate(prompt, max_tokens=TOKENS).stats
+                assert (stats.drafted, stats.accepted) == (drafted, accepted), (k, prompt)
+                assert 0 < accepted < drafted
+    assert synth_walk.tokens_a_pass([[1.0] * 9], 2, 8) == pytest.approx(8 / 3)   # 3 passes: 3, 3 and the last 2
