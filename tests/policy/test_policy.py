@@ -1021,7 +1021,7 @@ def test_a_runs_recorded_calls_replay_into_its_own_choices():
     import json
 
     from benchmarks.compare.bench_engine import record_steps
-    from support.policy_sim import MTP_SYNTH_H100, replay_events, walk_session
+    from support.policy_sim import MTP_SYNTH_H100, load_against_run, replay_events, walk_session
 
     policy = make_policy("auto", draft_max=3)
     steps, events = record_steps(policy)
@@ -1037,6 +1037,12 @@ def test_a_runs_recorded_calls_replay_into_its_own_choices():
     assert set(replayed[-1]["speeds"]) == {0, 1, 2, 3} and len(replayed[-1]["estimates"]) == 3
     uncalibrated = replay_events([e if e[0] != "attach" else ["attach", e[1], None] for e in events])
     assert any(a["chosen"] != b["chosen"] for a, b in zip(replayed, uncalibrated))
+    # what the load priced each pass at (here off by 2% errors) beside the run's warm passes (here exact)
+    sizes = load_against_run(events)
+    assert sorted(sizes) == [1, 2, 3, 4] and all(at_load is not None for at_load, _ in sizes.values())
+    ran = {n: in_run for n, (_, in_run) in sizes.items() if in_run is not None}
+    assert len(ran) >= 2 and all(t == pytest.approx(MTP_SYNTH_H100.verify(n)) for n, t in ran.items())
+    assert any(at_load != pytest.approx(MTP_SYNTH_H100.verify(n), rel=1e-3) for n, (at_load, _) in sizes.items())
 
 
 def test_events_says_in_one_line_what_it_cannot_read(tmp_path):

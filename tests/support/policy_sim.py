@@ -587,9 +587,30 @@ def replay_events(events: list) -> list[dict]:
     return out
 
 
+def load_against_run(events: list) -> dict:
+    """{batch size: (what the load measured, the median of the run's warm passes of it or None)}, in seconds: a pass
+    is warm after two of its size in a row within a request (as CostModel counts them); a size the load priced off
+    and the run never ran warm is one `auto` kept believing."""
+    load: dict = {}
+    warm: dict = {}
+    last = run = 0
+    for event in events:
+        if event[0] == "attach" and event[2]:
+            load = {int(n): t for n, t in event[2]["verify"].items()}
+        elif event[0] == "request":
+            last = run = 0
+        elif event[0] == "update":
+            n = event[1] + 1
+            if n == last and run >= 2:
+                warm.setdefault(n, []).append(event[4])
+            run, last = (run + 1 if n == last else 1), n
+    return {n: (load.get(n), median(warm[n]) if n in warm else None) for n in sorted(set(load) | set(warm))}
+
+
 def events(path: str, every_step: bool = False) -> None:
     """What each auto row's policy believed in a bench_engine run (its JSON's `auto_events`): the replay checked
-    against the lengths the run drafted, then each request's end (and with `every_step`, every step)."""
+    against the lengths the run drafted, each pass size as the load priced it beside the run's warm passes of it,
+    then each request's end (and with `every_step`, every step)."""
     try:
         rows = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
@@ -606,6 +627,9 @@ def events(path: str, every_step: bool = False) -> None:
             print(f"## {row['regime']} {row['mode']}, round {rnd + 1}: {len(steps)} steps; the replayed policy chose "
                   f"the length run at {same}, a longer one the engine cut at {clamped}, another at "
                   f"{len(steps) - same - clamped}")
+            ms = lambda t: f"{1000 * t:.2f}" if t is not None else "-"  # noqa: E731
+            print("a pass of n tokens, ms, the load's / the run's warm median: " + ", ".join(
+                f"n={n} {ms(at_load)} / {ms(in_run)}" for n, (at_load, in_run) in load_against_run(recorded).items()))
             for i, s in enumerate(steps):
                 last = i + 1 == len(steps) or steps[i + 1]["request"] != s["request"]
                 if not (every_step or last):
