@@ -33,17 +33,21 @@ def walk(vocab: synth_mtp.Vocabulary, last: int, n: int) -> list[float]:
     return out
 
 
+def fixed_steps(flags: list[float], k: int, n: int) -> tuple[int, int, int]:
+    """(target passes, drafted tokens, accepted tokens) of fixed k over an answer of n tokens (a draft shortened at
+    the answer's end, as the engine does)."""
+    passes = drafted = accepted = done = 0
+    while done < n:
+        kk, run = min(k, n - done - 1), 0
+        while run < kk and flags[done + run] == 1.0:
+            run += 1
+        passes, drafted, accepted, done = passes + 1, drafted + kk, accepted + run, done + run + 1
+    return passes, drafted, accepted
+
+
 def tokens_a_pass(traces: list[list[float]], k: int, n: int) -> float:
-    """Fixed k's tokens a target pass over the answers (a draft shortened at each answer's end, as the engine does)."""
-    passes = 0
-    for flags in traces:
-        done = 0
-        while done < n:
-            kk, accepted = min(k, n - done - 1), 0
-            while accepted < kk and flags[done + accepted] == 1.0:
-                accepted += 1
-            passes, done = passes + 1, done + accepted + 1
-    return n * len(traces) / passes
+    """Fixed k's tokens a target pass over the answers."""
+    return n * len(traces) / sum(fixed_steps(flags, k, n)[0] for flags in traces)
 
 
 def main() -> None:
@@ -58,6 +62,10 @@ def main() -> None:
     a = ap.parse_args()
     if not a.vocab.is_file():
         ap.error(f"--vocab: no file {a.vocab}")
+    if a.tokens < 1:
+        ap.error("--tokens must be at least 1")
+    if not 1 <= a.per_set <= min(len(CODE), len(PROSE)):
+        ap.error(f"--per-set must be 1 to {min(len(CODE), len(PROSE))} (bench_engine's prompts a set)")
     import llama_cpp
 
     rates = synth_mtp.agree_rates(ap, a)

@@ -105,7 +105,10 @@ class Tokenizer:
     """The tokenizer.* fields of a vocab-only GGUF, the token list padded to n_vocab with unused tokens."""
 
     def __init__(self, path: Path, n_vocab: int, chat_template: str | None):
-        reader = GGUFReader(path)
+        try:
+            reader = GGUFReader(path)
+        except (OSError, ValueError) as error:   # a missing, truncated or foreign file
+            raise SystemExit(f"error: {path}: not a readable GGUF file ({error})") from None
         self.fields = {key: (field.types, field.contents()) for key, field in reader.fields.items()
                        if key.startswith("tokenizer.")}
         if "tokenizer.ggml.tokens" not in self.fields or "tokenizer.ggml.token_type" not in self.fields:

@@ -430,17 +430,22 @@ class CostModel:
         per_token = max(high - low, 0.0) / (xs[-1] - xs[0]) / low
         return self.t_draft * (1.0 + per_token * (_CATCH_UP_WINDOW if missed > _CATCH_UP_MAX else missed))
 
+    def change_needs(self, new: int, optimistic: bool = False) -> float:
+        """The share of the current speed a change to drafting `new` tokens must gain to repay its two cold passes
+        within `horizon` steps (0 where changes cost nothing measurable)."""
+        cost = 2 * self.switch_cost
+        return cost / (self.tuning.horizon * self.step_time(new, optimistic)) if cost else 0.0
+
     def worth_changing(self, acceptances: list[float], k: int, new: int, optimistic: bool) -> bool:
         """Whether drafting `new` tokens instead of `k` gains, within `horizon` steps, what its two cold passes cost
         (always, where changes cost nothing measurable)."""
-        cost = 2 * self.switch_cost
-        if not cost:
+        needed = self.change_needs(new, optimistic)
+        if not needed:
             return True
         speeds = dict(self.speeds(acceptances, max(k, new), optimistic))
         if k not in speeds or new not in speeds:
             return True
-        t_step = self.draft_time(new) + self.verify_time(new + 1, optimistic)
-        return (speeds[new] - speeds[k]) * self.tuning.horizon * t_step > cost * speeds[k]
+        return speeds[new] - speeds[k] > needed * speeds[k]
 
     def probe_loss(self, k: int, missed: int) -> float:
         """Seconds a k-token probe now loses against plain decoding if nothing is accepted, with the drafter

@@ -49,14 +49,25 @@ def test_the_walk_predicts_every_fixed_length_s_drafted_and_accepted_tokens_exac
         for k in (1, 3):
             pair.set_policy(FixedPolicy(k, 0.0))
             for prompt in (CODE[0], PROSE[0]):
-                flags, drafted, accepted, done = by_prompt[prompt], 0, 0, 0
-                while done < TOKENS:   # what the walk says fixed k drafts and keeps
-                    kk, run = min(k, TOKENS - done - 1), 0
-                    while run < kk and flags[done + run] == 1.0:
-                        run += 1
-                    drafted, accepted, done = drafted + kk, accepted + run, done + run + 1
+                _, drafted, accepted = synth_walk.fixed_steps(by_prompt[prompt], k, TOKENS)   # what the walk says
                 pair.reset()
                 stats = pair.generate(prompt, max_tokens=TOKENS).stats
                 assert (stats.drafted, stats.accepted) == (drafted, accepted), (k, prompt)
                 assert 0 < accepted < drafted
-    assert synth_walk.tokens_a_pass([[1.0] * 9], 2, 8) == pytest.approx(8 / 3)   # 3 passes: 3, 3 and the last 2
+    assert synth_walk.fixed_steps([1.0] * 9, 2, 8) == (3, 5, 5)   # 3, 3 and the last 2 tokens: a shorter last draft
+    assert synth_walk.tokens_a_pass([[1.0] * 9], 2, 8) == pytest.approx(8 / 3)
+
+
+def test_bad_input_gets_one_line_and_a_non_zero_exit(tmp_path):
+    root = Path(synth_walk.__file__).parents[2]
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a model\n")
+    for args, says in ((["--vocab", str(tmp_path / "none.gguf")], "no file"),
+                       (["--vocab", str(not_gguf)], "not a readable GGUF file"),
+                       (["--vocab", str(not_gguf), "--tokens", "0"], "--tokens must be at least 1"),
+                       (["--vocab", str(not_gguf), "--per-set", "9"], "--per-set must be 1 to 4"),
+                       (["--vocab", str(not_gguf), "--agree", "2"], "--agree")):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.probes.synth_walk", *args], capture_output=True,
+                              text=True, timeout=120, cwd=root)
+        assert done.returncode != 0 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len([line for line in done.stderr.splitlines() if "error" in line]) == 1

@@ -577,10 +577,8 @@ def replay_events(events: list) -> list[dict]:
             estimates = policy.accept.estimates()
             speeds = dict(model.speeds(estimates, k_max, False))
             k = policy.next_draft_len()
-            best = max(speeds, key=lambda n: (speeds[n], n)) if speeds else k
-            needed = None
-            if speeds and best != k and best in speeds and k in speeds and model.switch_cost:
-                needed = 2 * model.switch_cost / (policy.tuning.horizon * model.step_time(best))
+            best = model.best_k(estimates, k_max, False) if speeds else k
+            needed = model.change_needs(best) if best != k and k in speeds and best in speeds else None
             out.append(dict(request=request, chosen=chosen, drafted=drafted, accepted=accepted,
                             draft_ms=1000 * draft_seconds, verify_ms=1000 * verify_seconds, next=k,
                             estimates=estimates[1:k_max + 1], speeds=speeds, best=best, needed=needed))
