@@ -256,6 +256,7 @@ class LoneTarget:
         slot.history.extend(slot.todo)
         slot.todo, slot.prefilled = [], True
         slot.hooks.new_request()
+        slot.hooks.held(len(slot.history))
         if self.drafter is not None:   # a drafter the policy will not use yet catches up when first asked
             self.drafter.begin(slot.history, slot.sampling, slot.policy.draft_p_min,
                                prefill=slot.policy.next_draft_len() > 0)
@@ -406,6 +407,7 @@ class SharedTarget:
 
     def begin(self, slot: Slot) -> None:
         slot.hooks.new_request()
+        slot.hooks.held(len(slot.prompt) - 1)   # its last token is the first step's
         # greedy needs argmaxes only: taken on the device for the slot's sequence (as LoneTarget.prefill; the
         # sampler stays for the next greedy request), so a step of greedy slots copies no logits out
         self.ctx.set_seq_argmax(slot.seq.seq_id, slot.verifier.wants == "argmax" and self.pair.speculative)

@@ -214,12 +214,13 @@ def merge_rounds(rows: list) -> Row:
 def record_steps(policy) -> tuple[list[str], list]:
     """The draft length of every step a policy learns from, one character each (10-35 as a-z), and every call the
     engine makes that teaches it, in order, with its arguments (JSON's `auto_events`: ["policy", longest draft,
-    p_min], ["attach", draft cost, the costs measured at load or None], ["request"], ["shadow", chance, seconds],
-    ["update", drafted, accepted, draft seconds, verify seconds]): `policy_sim.py --events` replays them into a
-    fresh policy and shows why it chose what it chose."""
+    p_min], ["attach", draft cost, the costs measured at load or None], ["request"], ["held", tokens the target
+    holds], ["shadow", chance, seconds], ["update", drafted, accepted, draft seconds, verify seconds]):
+    `policy_sim.py --events` replays them into a fresh policy and shows why it chose what it chose."""
     steps: list[str] = []
     events: list = [["policy", policy.draft_max, policy.draft_p_min]]
     update, shadow, new_request, attach = policy.update, policy.shadow, policy.new_request, policy.attach
+    held = policy.held
 
     def on_update(drafted, accepted, draft_seconds, verify_seconds):
         steps.append("0123456789abcdefghijklmnopqrstuvwxyz"[min(drafted, 35)])
@@ -240,7 +241,12 @@ def record_steps(policy) -> tuple[list[str], list]:
         events.append(["attach", draft_cost, asdict(costs) if costs is not None else None])
         attach(draft_cost, costs)
 
+    def on_held(tokens):
+        events.append(["held", tokens])
+        held(tokens)
+
     policy.update, policy.shadow, policy.new_request, policy.attach = on_update, on_shadow, on_new_request, on_attach
+    policy.held = on_held
     return steps, events
 
 

@@ -35,7 +35,7 @@ from collections import deque
 from statistics import median
 
 from .base import Costs, DraftPolicy, check_draft_cost, check_k, check_p
-from .costs import Acceptance, CostModel
+from .costs import Acceptance, CostModel, fastest
 from .tuning import AutoTuning
 
 
@@ -113,6 +113,9 @@ class AutoPolicy(DraftPolicy):
             self._since_probe, self._probe_due = 0, 1   # plain: ask the new text with a shadow probe (credit allowing)
             self._new_text = True
         self._after_prompt = 2   # the two passes after a prompt run cold with or without drafts: not charged
+
+    def held(self, tokens: int) -> None:
+        self.model.held(tokens)
 
     def shadow_len(self) -> int:   # not in a request's first step: its first token waits
         return 1 if self.step is Step.SHADOW and self.model.run else 0
@@ -280,7 +283,8 @@ class AutoPolicy(DraftPolicy):
         affordable. While `drafting` (not probing), or plain, the current k stays unless the change repays its cold
         passes."""
         t, model = self.tuning, self.model
-        gain = self.perfect_draft_gain()
+        optimistic = self._credit > 0
+        gain, speeds = model.survey(self.accept.estimates(), self.draft_max, optimistic)
         if gain < t.min_gain and not model.draft.samples and not self._warm_checked and \
                 model.switch_cost > t.cold_matters * self.verify_time(1):
             # "no draft can pay", from cold passes only, where cold passes cost (a GPU; the first draft of a
@@ -293,11 +297,9 @@ class AutoPolicy(DraftPolicy):
             # no acceptance seen yet (the costs came from calibrate): a shadow probe asks before any draft
             self._k, self.step, self._since_probe, self._probe_due = 0, Step.SHADOW, 0, self._probe_interval
             return
-        optimistic = self._credit > 0
-        acceptances = self.accept.estimates()
-        best = model.best_k(acceptances, self.draft_max, optimistic) if on else 0
+        best = fastest(speeds) if on else 0
         if best != self._k and (drafting or not self._k) and \
-                not model.worth_changing(acceptances, self._k, best, optimistic):
+                not model.worth_changing(speeds, self._k, best, optimistic):
             best = self._k   # drafting, or plain after a shadow probe: a change must repay its cold passes
         if best and best + 1 != model.last_n and not self._calibrated:   # a size not just run: keep it until it
             self._hold = 2                                                 # runs warm (its costs are unknown)

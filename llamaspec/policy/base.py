@@ -61,6 +61,10 @@ class DraftPolicy(abc.ABC):
         """A request's prompt was just processed (the engine says it before the first step): a batch of another size
         ran since the last step."""
 
+    def held(self, tokens: int) -> None:
+        """The target holds `tokens` (the request's prompt, with whatever of it the cache kept) before the request's
+        first step (the engine says it after new_request): a pass costs more the more it holds."""
+
     def shadow_len(self) -> int:
         """Tokens (0 or 1) to draft on the next plain step without verifying them: a shadow probe. The target's
         pass stays one token; the draft token is judged against the token the target emits."""
@@ -96,7 +100,7 @@ class Hooks:
     """A policy's hooks as the engine calls them: its own where it is a DraftPolicy or has them, no-ops where a
     duck-typed policy has only the two methods. Resolved once, when the pair takes the policy."""
 
-    __slots__ = ("attach", "new_request", "shadow_len", "shadow")
+    __slots__ = ("attach", "new_request", "held", "shadow_len", "shadow")
 
     def __init__(self, policy):
         for name in self.__slots__:

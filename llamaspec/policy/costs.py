@@ -61,6 +61,57 @@ class Timing:
         self.weight = decay * self.weight + units
 
 
+# tokens held: how far apart (standard deviation within a size) the warm passes' depths must lie before what a token
+# of context costs a pass is estimated from them; how many warm passes between estimates
+_DEPTH_SPREAD, _DEPTH_REFIT = 1024, 16
+
+
+class Depth:
+    """What a token of context adds to a target pass, learnt where passes ran at depths far apart (an agent session's
+    turns, 30K tokens and more): the slope of the warm passes' times on the tokens held, pooled within each size (a
+    line through each size's own passes, one slope for all: a GPU reads the attention layers' KV cache once a pass,
+    whatever its size). A size last timed shallower than the context now is priced that much dearer: without it, a
+    size not run for a while keeps the price of a shallower context while the size running pays for this one, and
+    looks cheaper than it is. The load's passes do not count (a short prompt: an error of the load's price of the
+    size running would read as a slope). No slope until the depths spread."""
+
+    __slots__ = ("now", "fed", "slope", "_sums", "_since")
+
+    def __init__(self):
+        self.now = 0                        # tokens held when the request began
+        self.fed: dict[int, int] = {}       # batch size -> the depth of its last timed pass
+        self.slope = 0.0                    # seconds a pass, a token of context
+        self._sums: dict[int, list] = {}    # batch size -> [passes, sum d, sum t, sum d^2, sum d t] of warm passes
+        self._since = 0
+
+    def warm(self, n: int, seconds: float) -> None:
+        d = self.now
+        sums = self._sums.get(n)
+        if sums is None:
+            sums = self._sums[n] = [0.0] * 5
+        sums[0] += 1.0
+        sums[1] += d
+        sums[2] += seconds
+        sums[3] += d * d
+        sums[4] += d * seconds
+        self._since += 1
+        if self._since >= _DEPTH_REFIT:
+            self.fit()
+
+    def fit(self) -> None:
+        self._since = 0
+        cov = var = count = 0.0
+        for passes, sd, st, sdd, sdt in self._sums.values():
+            cov += sdt - sd * st / passes
+            var += sdd - sd * sd / passes
+            count += passes
+        self.slope = max(cov / var, 0.0) if count and var >= count * _DEPTH_SPREAD ** 2 else 0.0
+
+    def extra(self, n: int) -> float:
+        """Seconds a pass over n tokens costs now beyond its estimate (timed at another depth)."""
+        return self.slope * (self.now - self.fed.get(n, 0))
+
+
 class Acceptance:
     """Acceptance at each draft position: (accepted, tried) counts, all decayed at every drafted step so that what
     was seen at positions no longer drafted fades. Each estimate leans on the position before it: position 1 on
@@ -174,6 +225,11 @@ def expected_tokens(acceptances: list[float], k: int) -> float:
     return tokens
 
 
+def fastest(speeds: dict) -> int:
+    """The k of the highest speed in {k: tokens(k) / time(k)} (ties go to the longer draft)."""
+    return max(speeds.items(), key=lambda ks: (ks[1], ks[0]))[0]
+
+
 class CostModel:
     """t_draft and t_verify(n), learnt from warm passes (a pass is warm after two of its size in a row: llama.cpp
     replays a captured CUDA graph while a batch shape stays the same), and what a cold pass costs beyond a warm one
@@ -191,10 +247,12 @@ class CostModel:
         self._draft_line: tuple | None = None        # (t_start, t_token), until a draft is recorded
         self._lengths_timed = False                  # the load timed two or more draft lengths (calibrate)
         self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
+        self._switch: float | None = None            # switch_cost, until excess changes
         self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
         self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, until a pass is recorded
         self._drawn: dict = {}                       # warm_only -> the sizes and times the curves are drawn through
         self._curve_len = 1                          # the longest verify_curve asked for: each is computed that long
+        self.depth = Depth()                         # what the context held adds to a pass
 
     # -- learning -------------------------------------------------------------------------------------------
     def _size(self, n: int) -> None:
@@ -212,14 +270,21 @@ class CostModel:
         self._size(n)
         timing, cold = self.verify[n], self.cold[n]
         excess = 0.0
+        if warm or not timing.samples:   # the depth of the time size_time prices it by
+            self.depth.fed[n] = self.depth.now
         if warm:   # the first warm pass of a size tells what its cold ones cost beyond it
+            # (for the depth's slope, a pass slower than its estimate counts as Timing clips it: one slow pass of
+            # another process's making cannot tilt the line)
+            self.depth.warm(n, min(seconds, _SLOWEST * timing.value) if timing.samples else seconds)
             if cold.samples and not timing.samples:
                 self.excess.append(cold.value - seconds)
+                self._switch = None
             timing.add(seconds, 1.0, self.tuning.decay)
         else:
             if timing.samples:
                 excess = seconds - timing.value
                 self.excess.append(excess)
+                self._switch = None
             cold.add(seconds, 1.0, self.tuning.decay)
         return warm, excess
 
@@ -234,6 +299,13 @@ class CostModel:
 
     def new_request(self) -> None:
         self.last_n = self.run = 0
+
+    def held(self, tokens: int) -> None:
+        """The request's first step follows `tokens` the target holds."""
+        self.depth.now = tokens
+        self.depth.fit()
+        self._curves.clear()
+        self._drawn.clear()
 
     def calibrate(self, costs: Costs) -> None:
         """Start from the costs measured at load, each as if measured `plain_samples` times."""
@@ -253,6 +325,7 @@ class CostModel:
         self._lengths_timed = len(costs.drafts) >= 2 and not self.per_pass
         self._draft_line = None
         self.excess.extend(costs.excess[-self.excess.maxlen:])
+        self._switch = None
 
     # -- estimates ------------------------------------------------------------------------------------------
     @property
@@ -264,7 +337,9 @@ class CostModel:
     @property
     def switch_cost(self) -> float:
         """Seconds a cold pass takes beyond a warm one of its size (median of the recent ones; 0 unmeasured)."""
-        return max(median(self.excess), 0.0) if self.excess else 0.0
+        if self._switch is None:
+            self._switch = max(median(self.excess), 0.0) if self.excess else 0.0
+        return self._switch
 
     def draft_units(self, k: int) -> int:
         """Draft costs of t_draft that a k-token draft takes."""
@@ -308,10 +383,11 @@ class CostModel:
     def size_time(self, n: int) -> float:
         """A warm pass over n tokens: as measured warm, else a cold one less what a cold pass costs beyond it."""
         warm = self.verify[n]
+        extra = self.depth.extra(n) if self.depth.slope else 0.0
         if warm.samples:
-            return warm.value
+            return warm.value + extra
         cold = self.cold[n].value
-        return max(cold - self.switch_cost, 0.5 * cold)
+        return max(cold - self.switch_cost, 0.5 * cold) + extra
 
     def verify_time(self, n: int, optimistic: bool = False) -> float | None:
         """t_verify(n), seconds for one target pass over n tokens (see verify_curve)."""
@@ -407,9 +483,26 @@ class CostModel:
             tokens += run
             yield k, tokens / (start + k * per_token + verify[k + 1])
 
+    def survey(self, acceptances: list[float], k_max: int, optimistic: bool) -> tuple[float, dict]:
+        """(perfect_draft_gain(k_max), {k: tokens(k) / time(k)} as `speeds` yields them) in one pass: what a
+        decision asks of the model every drafting step (both known: a plain pass and a drafted token measured)."""
+        plain = self.verify_curve(k_max + 1, False)
+        verify = self.verify_curve(k_max + 1, optimistic) if optimistic else plain
+        start, per_token = (self.t_draft, 0.0) if self.per_pass else self.draft_line()
+        speeds = {0: 1.0 / verify[1]}
+        gain = 0.0
+        tokens = run = 1.0
+        for k in range(1, k_max + 1):
+            run *= acceptances[k]
+            tokens += run
+            draft = start + k * per_token
+            speeds[k] = tokens / (draft + verify[k + 1])
+            gain = max(gain, (k + 1) / (draft + plain[k + 1]))
+        return plain[1] * gain, speeds
+
     def best_k(self, acceptances: list[float], k_max: int, optimistic: bool) -> int:
         """argmax_k tokens(k) / time(k) (ties go to the longer draft)."""
-        return max(self.speeds(acceptances, k_max, optimistic), key=lambda ks: (ks[1], ks[0]))[0]
+        return fastest(dict(self.speeds(acceptances, k_max, optimistic)))
 
     def perfect_draft_gain(self, k_max: int) -> float | None:
         """Best speed-up over plain decoding if every draft token were accepted: below 1, speculation cannot pay
@@ -436,13 +529,13 @@ class CostModel:
         cost = 2 * self.switch_cost
         return cost / (self.tuning.horizon * self.step_time(new, optimistic)) if cost else 0.0
 
-    def worth_changing(self, acceptances: list[float], k: int, new: int, optimistic: bool) -> bool:
+    def worth_changing(self, speeds: dict, k: int, new: int, optimistic: bool) -> bool:
         """Whether drafting `new` tokens instead of `k` gains, within `horizon` steps, what its two cold passes cost
-        (always, where changes cost nothing measurable)."""
+        (always, where changes cost nothing measurable); `speeds`: {k: tokens(k) / time(k)} as `speeds` yields them
+        with the same optimism, as far as both k and new."""
         needed = self.change_needs(new, optimistic)
         if not needed:
             return True
-        speeds = dict(self.speeds(acceptances, max(k, new), optimistic))
         if k not in speeds or new not in speeds:
             return True
         return speeds[new] - speeds[k] > needed * speeds[k]

@@ -578,3 +578,23 @@ def test_a_hybrid_slot_comes_back_to_its_turn_checkpoint(arch_dir):
         p.reset()
         assert [c.tokens for c in again] == [c.tokens for c in alone(p, [p2, HYBRID_PROMPTS[1] + first[1].tokens + [3]],
                                                                     max_tokens=8)]
+
+
+_HELD: list[int] = []   # outside the policy: each slot takes a copy of it
+
+
+class _HeldRecorder(FixedPolicy):
+    def held(self, tokens: int) -> None:
+        _HELD.append(tokens)
+
+
+def test_each_batched_request_tells_its_policy_the_tokens_it_follows(pair):
+    """As alone (tests/engine/test_fake.py): `held` gets the prompt's tokens but its last, for each sequence's own
+    policy (auto prices a pass by the context it reads)."""
+    _HELD.clear()
+    pair.set_policy(_HeldRecorder(2))
+    try:
+        pair.generate_batch(PROMPTS[:2], max_tokens=3)
+    finally:
+        pair.set_policy(FixedPolicy(4))
+    assert sorted(_HELD) == sorted(len(pair.tokenize(p)) - 1 for p in PROMPTS[:2])

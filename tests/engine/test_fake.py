@@ -373,3 +373,25 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     assert auto.t_draft == pytest.approx(pair.costs.draft)
     pair.set_policy(policy)
     assert pair.generate(PROMPT, max_tokens=20).tokens == plain_pair().generate(PROMPT, max_tokens=20).tokens
+
+
+class HeldRecorder(ShadowEvery):
+    """Plain decoding that records the tokens held the engine reports before each request's first step."""
+
+    def __init__(self):
+        super().__init__(every=10**9)
+        self.held_at: list[int] = []
+
+    def held(self, tokens: int) -> None:
+        self.held_at.append(tokens)
+
+
+def test_the_engine_tells_the_policy_how_many_tokens_each_request_follows():
+    """`held` (auto prices a pass by the context it reads: policy/costs.py Depth) gets the tokens the target holds
+    before a request's first step: the prompt but its last token, whatever of it the cache kept (a batch of sequences:
+    tests/batch/test_batch.py)."""
+    policy = HeldRecorder()
+    pair = fake_pair(0.0, policy)
+    first = pair.generate(PROMPT, max_tokens=8)
+    pair.generate(PROMPT + first.tokens + [5, 6, 7], max_tokens=4)   # a next turn: most of it kept
+    assert policy.held_at == [len(PROMPT) - 1, len(PROMPT) + len(first.tokens) + 2]

@@ -1081,3 +1081,53 @@ def test_the_load_keeps_the_median_of_each_sizes_warm_passes():
     costs = sweep.costs()
     assert costs.verify == {2: 0.020, 1: 0.010}
     assert sorted(round(e, 3) for e in costs.excess) == [0.003, 0.005, 0.006, 0.01] and costs.drafts == {1: 0.002}
+
+
+def test_a_size_last_timed_at_a_shallower_context_is_priced_at_this_one():
+    """Depth (policy/costs.py): warm passes of one size at requests 30K, 33K and 36K tokens deep give the slope of a
+    pass on the context, and a size last timed at the load's short prompt is priced with it at the depth now; passes
+    at depths a few hundred tokens apart (short prompts) give none, and every price stays as timed."""
+    from llamaspec.policy.costs import CostModel
+
+    base, per_token = {1: 0.0118, 2: 0.0129, 3: 0.0154}, 2e-8
+    shallow = CostModel(AutoTuning())
+    shallow.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
+    for held in (40, 300, 620):
+        shallow.new_request()
+        shallow.held(held)
+        for _ in range(20):
+            shallow.record_pass(3, base[3] + per_token * held)
+    assert shallow.depth.slope == 0.0 and shallow.size_time(2) == pytest.approx(base[2], rel=1e-9)
+
+    deep = CostModel(AutoTuning())
+    deep.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
+    for held in (30_000, 33_000, 36_000):
+        deep.new_request()
+        deep.held(held)
+        for _ in range(40):
+            deep.record_pass(3, base[3] + per_token * held)
+    deep.held(39_000)
+    assert deep.depth.slope == pytest.approx(per_token, rel=0.05)
+    assert deep.size_time(2) == pytest.approx(base[2] + per_token * 39_000, rel=0.002)   # timed at the load only
+    assert deep.size_time(3) > base[3] + per_token * 33_000                             # its own recent passes
+    deep.held(1_000)   # a shorter conversation next: a size last timed deep is priced down to it
+    assert deep.size_time(3) < base[3] + per_token * 10_000
+
+
+def test_auto_told_the_depth_keeps_its_length_through_a_deep_agent_session():
+    """An agent session 30K-87K tokens deep on the synthetic MTP file's own answers (policy_sim --deep): where every
+    pass pays for its context, a policy that prices the sizes it does not run at the load's short prompt leaves k=2
+    for a 2-token pass that looks cheaper than it is (and stays at one token); told the depth it keeps k=2."""
+    from support.policy_sim import MTP_SYNTH_H100_DEEP, agent_session
+
+    session = agent_session()
+    best = max(simulate(FixedPolicy(k), MTP_SYNTH_H100_DEEP, 0.0, session=session).throughput for k in (1, 2, 3))
+    told, not_told = [], []
+    for seed in range(6):
+        for ratios, tell in ((told, True), (not_told, False)):
+            policy = make_policy("auto", draft_max=3)
+            if not tell:
+                policy.held = lambda tokens: None
+            ratios.append(simulate(policy, MTP_SYNTH_H100_DEEP, 0.0, session=session, seed=seed,
+                                   calibration=(0.03, 5)).throughput / best)
+    assert min(told) >= 0.985 and np.mean(told) >= np.mean(not_told) + 0.015, (told, not_told)

@@ -13,6 +13,7 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
     PYTHONPATH=. python tests/support/policy_sim.py --traces     # the same on acceptance recorded on a real pair
     PYTHONPATH=. python tests/support/policy_sim.py --calibration   # the synthetic MTP file's own answers, the load's
                                                                     # costs measured with errors
+    PYTHONPATH=. python tests/support/policy_sim.py --deep   # the same answers in an agent session 30K-87K tokens deep
     PYTHONPATH=. python tests/support/policy_sim.py --replay REPORT.md   # a bench_engine report's auto: its choices
                                                                           # replayed, beside the simulator's auto
     PYTHONPATH=. python tests/support/policy_sim.py --events REPORT.json [--steps]   # its auto's recorded steps fed
@@ -20,6 +21,7 @@ as setup, which the policy does not see; the clock charges it. Acceptance is a B
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -47,16 +49,19 @@ class Machine:
     first_draft: float = 0.0            # extra draft time of a request's first draft (attaching its sampler)
     draft_step: float = 0.0             # draft time of a drafting step beyond its tokens' (the drafter's bookkeeping)
     gpu: bool = False                   # load_pair warms the pair up and measures its costs (Pair.warm_up)
+    per_context: float = 0.0            # a target pass's extra time a token of context, whatever its size (a GPU
+                                        # reads the attention layers' KV cache once a pass)
+    draft_per_context: float = 0.0      # ... a drafted token's (the drafter's own attention)
 
-    def verify_at(self, n: int, same_before: int) -> float:
-        """A target pass over n tokens after `same_before` passes of that size in a row."""
+    def verify_at(self, n: int, same_before: int, context: int = 0) -> float:
+        """A target pass over n tokens after `same_before` passes of that size in a row, `context` tokens held."""
         extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
-        return self.verify(n) + extra
+        return self.verify(n) + extra + self.per_context * context
 
     def costs(self, k_max: int, noise: float = 0.0, samples: int = 1, rng: random.Random | None = None) -> Costs:
-        """What Pair.warm_up measures: warm passes of every size, a drafted token, the cold passes' excess; with
-        `noise`, each pass and drafting step it times off by a normal error of that relative size, and the median
-        of `samples` of them kept (calibration.py's warm samples of each size)."""
+        """What Pair.warm_up measures (on a short prompt: no context): warm passes of every size, a drafted token,
+        the cold passes' excess; with `noise`, each pass and drafting step it times off by a normal error of that
+        relative size, and the median of `samples` of them kept (calibration.py's warm samples of each size)."""
         def timed(seconds: float) -> float:
             if not noise:
                 return seconds
@@ -146,8 +151,10 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     list: the chance at each draft position given the ones before it were accepted (the last repeats), as measured
     by position on a real pair. `session`, a list of (acceptance, max_tokens), replaces `requests`, `acceptance`
     and `max_tokens` by one request each (a mixed workload: requests of changing character); a request's acceptance
-    may be a `Trace`, recorded on a real pair, or `GreedyRuns`. `calibration`: (noise, samples) of the costs a GPU
-    machine measures at load (Machine.costs), drawn from the seed."""
+    may be a `Trace`, recorded on a real pair, or `GreedyRuns`; an entry (acceptance, max_tokens, held) is a request
+    whose prompt follows `held` tokens the caches already hold (an agent session's turn: only its prompt is
+    processed, every pass pays for the context; Machine.per_context). `calibration`: (noise, samples) of the costs a
+    GPU machine measures at load (Machine.costs, on a short prompt), drawn from the seed."""
     rng, load = random.Random(seed), Load(machine, seed)
     plan = session if session is not None else [(acceptance, max_tokens)] * requests
     by_position, flat, trace, n_out = None, acceptance, None, 0
@@ -168,7 +175,8 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
         return seconds * load.factor(out.seconds)
 
-    for acceptance, max_tokens in plan:
+    for acceptance, max_tokens, *held in plan:
+        held = held[0] if held else 0
         by_position = list(acceptance) if isinstance(acceptance, (list, tuple)) else None
         flat = acceptance
         runs = acceptance if isinstance(acceptance, GreedyRuns) else None
@@ -176,6 +184,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
         run = runs.draw(rng) if runs else 0   # the agreeing tokens from the next step's first position on
         start = out.seconds
         hooks.new_request()
+        hooks.held(held + prompt_len - 1)
         out.seconds += spend(machine.prefill_per_token * (prompt_len - 1))  # the prompt but its last token
         history = prompt_len - 1            # committed tokens (the target's cache); `last` is pending
         in_draft = 0                        # history tokens the drafter holds
@@ -194,8 +203,10 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                 if missing > MAX_CATCHUP:
                     missing = min(history, WINDOW)
                 first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
+                context = held + history
                 rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0)
-                             + (0.0 if drafted_yet else machine.first_draft) + machine.draft_step)
+                             + (0.0 if drafted_yet else machine.first_draft) + machine.draft_step
+                             + machine.draft_per_context * context * max(k, 1))
                 drafted_yet = True
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
@@ -206,7 +217,7 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             last_k = k
             same = same + 1 if size == k + 1 else 0
             size = k + 1
-            verify = spend(machine.verify_at(k + 1, same))
+            verify = spend(machine.verify_at(k + 1, same, held + history))
             out.seconds += verify
             accepted = 0
             if runs:
@@ -349,6 +360,45 @@ def calibration(seeds: int = 40) -> None:
             cold, warm = walk_cold_and_warm(seeds if noise else 1, (noise, samples))
             print(f"| {noise:.0%} | {samples} | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
                   f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
+
+
+# the synthetic 27B on the H100 at depth: a pass reads the KV cache of its 16 attention layers (4 KV heads of 256, f16:
+# 64 KiB a token, at ~3.3 TB/s ~20 ns, 1.66e-6 of a plain pass), the MTP head its one layer's
+MTP_SYNTH_H100_DEEP = dataclasses.replace(MTP_SYNTH_H100, name="h100 synthetic 27B + MTP head, KV read a pass",
+                                          per_context=1.66e-6, draft_per_context=1.04e-7)
+
+
+def agent_session(first: int = 30_000, turns: int = 20, growth: int = 3_000) -> list:
+    """An agent session on the synthetic MTP file's own answers: `turns` requests (its code and prose answers in
+    turn) after first, first + growth, ... tokens already held."""
+    answers = walk_session()
+    return [(*answers[i % len(answers)], first + i * growth) for i in range(turns)]
+
+
+def deep(seeds: int = 12) -> None:
+    """auto against the best fixed k over an agent session 30K-87K tokens deep, where every pass pays for the context
+    the load's short warm-up prompt did not hold (MTP_SYNTH_H100_DEEP): told the depth of each request (the engine's
+    `held`), and not (a policy that ignores it: the load's prices of the sizes not running stay shallow), beside the
+    same answers at no depth."""
+    print(f"{seeds} draws of the load's errors (3% a pass, median of 5); the synthetic 27B MTP file's greedy answers "
+          "in an agent session of 20 turns")
+    print("| session | best fixed k | auto / best fixed, mean [min] |")
+    print("|---|---|---|")
+    session = agent_session()
+    cases = [("no depth", MTP_SYNTH_H100, [(a, n) for a, n, _ in session], True),
+             ("30K-87K held, auto not told the depth", MTP_SYNTH_H100_DEEP, session, False),
+             ("30K-87K held", MTP_SYNTH_H100_DEEP, session, True)]
+    for name, machine, plan, told in cases:
+        fixed = {k: simulate(FixedPolicy(k), machine, 0.0, session=plan).throughput for k in (1, 2, 3)}
+        best = max(fixed, key=fixed.get)
+        ratios = []
+        for seed in range(seeds):
+            policy = make_policy("auto", draft_max=3)
+            if not told:
+                policy.held = lambda tokens: None
+            ratios.append(simulate(policy, machine, 0.0, session=plan, seed=seed,
+                                   calibration=(0.03, 5)).throughput / fixed[best])
+        print(f"| {name} | k={best} | {sum(ratios) / seeds:.3f} [{min(ratios):.3f}] |")
 
 
 def recorded(seeds: int = 6) -> None:
@@ -567,6 +617,8 @@ def replay_events(events: list) -> list[dict]:
         elif kind == "request":
             request += 1
             policy.new_request()
+        elif kind == "held":
+            policy.held(event[1])
         elif kind == "shadow":
             policy.shadow(event[1], event[2])
         elif kind == "update":
@@ -679,5 +731,6 @@ if __name__ == "__main__":
                              + (f": no file {sys.argv[2]}" if len(sys.argv) == 3 else ""))
         replay(sys.argv[2])
     else:
-        reports = {"--recorded": recorded, "--mixed": mixed, "--traces": traces, "--calibration": calibration}
+        reports = {"--recorded": recorded, "--mixed": mixed, "--traces": traces, "--calibration": calibration,
+                   "--deep": deep}
         reports.get(sys.argv[1] if sys.argv[1:] else "", main)()
