@@ -1090,22 +1090,21 @@ def test_a_size_last_timed_at_a_shallower_context_is_priced_at_this_one():
     from llamaspec.policy.costs import CostModel
 
     base, per_token = {1: 0.0118, 2: 0.0129, 3: 0.0154}, 2e-8
-    shallow = CostModel(AutoTuning())
-    shallow.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
-    for held in (40, 300, 620):
-        shallow.new_request()
-        shallow.held(held)
-        for _ in range(20):
-            shallow.record_pass(3, base[3] + per_token * held)
+
+    def session(depths, passes):   # the load's prices, then warm passes of 3 tokens at each request's depth
+        model = CostModel(AutoTuning())
+        model.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
+        for held in depths:
+            model.new_request()
+            model.held(held)
+            for _ in range(passes):
+                model.record_pass(3, base[3] + per_token * held)
+        return model
+
+    shallow = session((40, 300, 620), 20)
     assert shallow.depth.slope == 0.0 and shallow.size_time(2) == pytest.approx(base[2], rel=1e-9)
 
-    deep = CostModel(AutoTuning())
-    deep.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
-    for held in (30_000, 33_000, 36_000):
-        deep.new_request()
-        deep.held(held)
-        for _ in range(40):
-            deep.record_pass(3, base[3] + per_token * held)
+    deep = session((30_000, 33_000, 36_000), 40)
     deep.held(39_000)
     assert deep.depth.slope == pytest.approx(per_token, rel=0.05)
     assert deep.size_time(2) == pytest.approx(base[2] + per_token * 39_000, rel=0.002)   # timed at the load only
