@@ -48,15 +48,16 @@ class Completion:
     stats: GenerationStats = field(repr=False)
 
 
-def shadow_acceptance(probe, emitted: int, target_probs) -> float:
+def shadow_acceptance(probe, emitted: int, target_probs, row: int = 0) -> float:
     """The chance a shadow probe's token would have been accepted as a draft: greedy (no target_probs), whether it
-    is the token the target emitted; sampling, min(1, p(x) / q(x)) with p the target's row the token came from."""
+    is the token the target emitted; sampling, min(1, p(x) / q(x)) with p the target's row the token came from
+    (`row`: 0 on a plain step, k after k accepted drafts for a tail probe)."""
     if not probe.tokens:
         return 0.0   # the drafter stopped short of its confidence bound: a real draft would have been empty too
     x = probe.tokens[0]
     if target_probs is None:
         return float(x == emitted)
-    p, q = as_dist(target_probs(0)).prob(x), as_dist(probe.probs[0]).prob(x)
+    p, q = as_dist(target_probs(row)).prob(x), as_dist(probe.probs[0]).prob(x)
     return min(1.0, p / q) if q > 0 else 0.0
 
 
@@ -242,10 +243,12 @@ class Engine:
         if len(active) == 1:   # alone: the slot's own policy, within its room, its budget, one batch
             s = active[0]
             room = s.seq.n_ctx - len(s.history) - 1
-            k = max(min(s.policy.next_draft_len(), room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1,
-                        self.target.k_cap), 0)
+            asked = s.policy.next_draft_len()
+            k = max(min(asked, room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1, self.target.k_cap), 0)
             s.together = False
-            return {s.index: (k, not k and room > 0 and self.speculative and s.hooks.shadow_len() > 0)}
+            # a one-token shadow probe on a plain step, or on a drafting one a tail probe (one token past k)
+            fits = k + 1 <= room and self.target.tail_probes if k else not asked and room > 0
+            return {s.index: (k, fits and self.speculative and s.hooks.shadow_len() > 0)}
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
         caps = [max(min(room, s.max_tokens - s.n_out - 1, share, self.target.k_cap), 0)
@@ -282,7 +285,11 @@ class Engine:
         slot.last = next_token
         t2 = time.perf_counter()
         stats, chance = slot.stats, None
-        if probe is not None:
+        if probe is not None and drafted:   # a tail probe: judged where every draft token before it was accepted
+            reached = n_accepted == len(drafted) and probe.tokens
+            chance = shadow_acceptance(probe, next_token, target_probs, n_accepted) if reached else None
+            stats.tail_probes += 1
+        elif probe is not None:
             chance = shadow_acceptance(probe, next_token, target_probs)
             stats.shadow_probes += 1
         # the policy learns the cost of drafting itself; a catch-up after a pause is not a per-token cost.
@@ -291,7 +298,7 @@ class Engine:
         if slot.together:   # the pass's timings are the batch's (record_step): the slot's policy learns acceptance
             self.policy.slot_step(slot.index, slot.policy, len(drafted), n_accepted, chance)
         else:
-            if chance is not None:
+            if probe is not None:   # (a tail probe's chance is None where a rejection came first)
                 slot.hooks.shadow(chance, own_seconds)
             setup = draft.setup_seconds if drafted else 0.0
             slot.policy.update(len(drafted), n_accepted, max(draft_seconds - setup, 0.0) + t2 - t1, verify_seconds)

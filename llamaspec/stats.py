@@ -26,6 +26,8 @@ class GenerationStats:
     #                                 checkpoints, restores (the prompt's turn checkpoint is in time_prefill)
     tokens_replayed: int = 0        # tokens decoded again after a checkpoint restore (recurrent memories)
     shadow_probes: int = 0          # plain steps on which the drafter proposed a token only to be judged (auto)
+    tail_probes: int = 0            # drafting steps on which it proposed one token past the draft, never verified,
+    #                                 only to be judged by the token the target emits (auto)
     finish_reason: str | None = None
     # the last step: tokens generated before it, drafted, accepted (a reply may stop inside it: end_reply)
     _last_step: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)

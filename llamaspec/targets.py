@@ -136,6 +136,7 @@ class LoneTarget:
 
     n_seq = 1
     recurrent = False   # one slot: the batch policy's common width never applies
+    tail_probes = True  # a draft one token longer than verified, its last judged only (Engine._draft_lens)
 
     def __init__(self, pair):
         self.pair, self.ctx, self.drafter = pair, pair.target_ctx, pair.drafter
@@ -270,8 +271,11 @@ class LoneTarget:
         slot = active[0]
         k, probe = lens[slot.index]
         p_min = slot.policy.draft_p_min
-        draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else NO_DRAFT
-        probed = self.drafter.propose(slot.history, slot.last, 1, p_min) if probe else None
+        if k and probe:   # a tail probe: one token past k, in the same proposal
+            draft, probed = self.drafter.propose(slot.history, slot.last, k + 1, p_min).split(k)
+        else:
+            draft = self.drafter.propose(slot.history, slot.last, k, p_min) if k else NO_DRAFT
+            probed = self.drafter.propose(slot.history, slot.last, 1, p_min) if probe else None
         return {slot.index: draft}, ({slot.index: probed} if probed is not None else {}), 0
 
     def decode(self, active: list[Slot], drafts: dict, joining: Slot | None, draft_seconds: float,
@@ -308,6 +312,8 @@ class LoneTarget:
 
 class SharedTarget:
     """`n_seq` sequences over shared contexts of the pair's models (n_ctx tokens in all, n_ctx / n_seq a sequence)."""
+
+    tail_probes = False   # the sequences' drafts are made together (propose_all): a shadow probe on plain steps only
 
     def __init__(self, pair, n_seq: int, n_ctx: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         why = batch_support(pair)

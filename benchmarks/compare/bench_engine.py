@@ -215,7 +215,8 @@ def record_steps(policy) -> tuple[list[str], list]:
     """The draft length of every step a policy learns from, one character each (10-35 as a-z), and every call the
     engine makes that teaches it, in order, with its arguments (JSON's `auto_events`: ["policy", longest draft,
     p_min], ["attach", draft cost, the costs measured at load or None], ["request"], ["held", tokens the target
-    holds], ["shadow", chance, seconds], ["update", drafted, accepted, draft seconds, verify seconds]):
+    holds], ["shadow", chance (null: a tail probe not reached), seconds], ["update", drafted, accepted, draft
+    seconds, verify seconds]):
     `policy_sim.py --events` replays them into a fresh policy and shows why it chose what it chose."""
     steps: list[str] = []
     events: list = [["policy", policy.draft_max, policy.draft_p_min]]
@@ -227,8 +228,9 @@ def record_steps(policy) -> tuple[list[str], list]:
         events.append(["update", drafted, accepted, draft_seconds, verify_seconds])
         update(drafted, accepted, draft_seconds, verify_seconds)
 
-    def on_shadow(accepted, seconds):
-        steps.append("s" if accepted >= 0.5 else "x")
+    def on_shadow(accepted, seconds):   # a tail probe's (drafting, its chance None short of it) takes no character
+        if not policy.next_draft_len():
+            steps.append("s" if accepted >= 0.5 else "x")
         events.append(["shadow", accepted, seconds])
         shadow(accepted, seconds)
 

@@ -20,6 +20,12 @@ class Draft:
     probs: list | np.ndarray | None = None
     setup_seconds: float = 0.0
 
+    def split(self, k: int) -> tuple["Draft", "Draft"]:
+        """The first k tokens (the draft) and the rest (a tail probe's token: judged, never verified)."""
+        probs = self.probs
+        return (Draft(self.tokens[:k], None if probs is None else probs[:k], self.setup_seconds),
+                Draft(self.tokens[k:], None if probs is None else probs[k:]))
+
 
 NO_DRAFT = Draft([])
 _ONE = np.ones(1, dtype=np.float32)

@@ -13,7 +13,9 @@ between requests, so what it measured stays. Its verdict on the machine is a `Ph
 
 and what its next step is for a `Step`: an ordinary one, a PROBE (a short draft that measures), a SHADOW probe (the
 drafter proposes one token on a plain step and the token the target emits judges it: the target's pass stays one
-token), its result (SHADOWED), or a REFRESH (a plain pass between drafted ones that re-measures t_verify(1)).
+token), its result (SHADOWED), or a REFRESH (a plain pass between drafted ones that re-measures t_verify(1)). While
+drafting one token with position 2 judged poor on few steps, a tail probe (`_tail_due`) drafts one token more that
+the target's next token judges: one-token drafts would otherwise never judge position 2 again.
 `_decide` is the transition: every change of phase and of k goes through it, but for the plain step's own probes.
 
 Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost against
@@ -86,6 +88,8 @@ class AutoPolicy(DraftPolicy):
         self._calibrated = False      # started from the costs measured at load
         self._after_prompt = 0        # passes left that run cold because a prompt ran (new_request)
         self._new_text = False        # a new request's shadow probes, while accepted, need no credit (new_text_probe)
+        self._tail_asked = False      # this drafting step asked for a tail probe (shadow_len)
+        self._tail: tuple | None = None   # its judgement, (chance or None,), until the update after it
 
     @property
     def k_start(self) -> int:
@@ -117,10 +121,16 @@ class AutoPolicy(DraftPolicy):
     def held(self, tokens: int) -> None:
         self.model.held(tokens)
 
-    def shadow_len(self) -> int:   # not in a request's first step: its first token waits
-        return 1 if self.step is Step.SHADOW and self.model.run else 0
+    def shadow_len(self) -> int:
+        if self._k:   # drafting: a tail probe where the position past k is judged too seldom
+            self._tail_asked = self._tail_due()
+            return int(self._tail_asked)
+        return 1 if self.step is Step.SHADOW and self.model.run else 0   # not in a request's first step
 
-    def shadow(self, accepted: float, seconds: float) -> None:
+    def shadow(self, accepted: float | None, seconds: float) -> None:
+        if self._tail_asked:   # a tail probe's judgement (None: a rejection came first), for the update after it
+            self._tail = (accepted,)
+            return
         self._shadow_costs.append(seconds)
         self.accept.record_first(accepted)
         self._credit -= seconds
@@ -152,14 +162,32 @@ class AutoPolicy(DraftPolicy):
         return self._k
 
     def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        tail, self._tail, self._tail_asked = self._tail, None, False
         warm, excess = self.model.record_pass(drafted + 1, verify_seconds)
         if self._after_prompt:
             self._after_prompt -= 1
             excess = 0.0
-        if drafted == 0:
+        if drafted == 0:   # (a tail probe asked where the engine then drafted nothing was a plain step's: dropped)
             self._plain_step(verify_seconds, max(excess, 0.0))
         else:
-            self._draft_step(drafted, accepted, draft_seconds, verify_seconds, warm)
+            self._draft_step(drafted, accepted, draft_seconds, verify_seconds, warm, tail)
+
+    def _tail_due(self) -> bool:
+        """Whether this drafting step drafts one token past k to judge position k + 1 (the engine drafts it with the
+        others, never verifies it; the target's next token judges it where all k are accepted): while that position
+        is judged less than `tail_seen` times (faded) and a k + 1 whose position k + 1 were as good as position k
+        would beat k. Without it a k whose next position looked poor once never learns otherwise: one-token drafts
+        never judge position 2 again. Not where a draft is one pass (its length is the drafter's)."""
+        k, t = self._k, self.tuning
+        if k != 1 or k >= self.draft_max or self.model.per_pass or self.phase is not Phase.ON or self._hold or \
+                self.step is not Step.ORDINARY or self.accept.seen[k + 1] >= t.tail_seen:
+            return False
+        a = self.accept.estimates()
+        if a[k + 1] > a[k] - 0.1:
+            return False
+        a[k + 1] = a[k]
+        speeds = dict(self.model.speeds(a, k + 1, False))
+        return k + 1 in speeds and speeds[k + 1] > speeds[k]
 
     def _plain_step(self, seconds: float, excess: float) -> None:
         """O(1) unless a probe is due: nothing else changed since the last decision. `excess`: what this pass took
@@ -248,16 +276,18 @@ class AutoPolicy(DraftPolicy):
             return median([*costs, *[estimate] * n])
         return median(costs) if costs else estimate
 
-    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds, warm: bool) -> None:
+    def _draft_step(self, drafted, accepted, draft_seconds, verify_seconds, warm: bool, tail=None) -> None:
         t, model = self.tuning, self.model
         self._new_text = False
         # After 3+ plain steps the drafter caught up on the missed tokens and the token after them in one batch,
-        # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes.
-        counted = 1 if model.per_pass else drafted - 1 if self._since_draft >= 3 else drafted
-        model.record_draft(draft_seconds, counted, warm, drafted)
+        # which the engine counts as setup: draft_seconds then holds drafted - 1 token decodes. A tail probe's
+        # token was drafted in the same step.
+        extra = 1 if tail is not None else 0
+        counted = 1 if model.per_pass else drafted - 1 + extra if self._since_draft >= 3 else drafted + extra
+        model.record_draft(draft_seconds, counted, warm, drafted + extra)
         missed, self._since_draft = self._since_draft, 0
         self._since_plain += 1
-        self.accept.record_draft(drafted, accepted)
+        self.accept.record_draft(drafted, accepted, tail[0] if tail is not None else None)
         if model.t_draft is None or 1 not in model.verify:
             return  # keep the draft length until both costs are known
         t_plain = self.verify_time(1)

@@ -66,14 +66,18 @@ class DraftPolicy(abc.ABC):
         first step (the engine says it after new_request): a pass costs more the more it holds."""
 
     def shadow_len(self) -> int:
-        """Tokens (0 or 1) to draft on the next plain step without verifying them: a shadow probe. The target's
-        pass stays one token; the draft token is judged against the token the target emits."""
+        """Tokens (0 or 1) to draft past the next step's draft without verifying them: on a plain step a shadow
+        probe (the target's pass stays one token; the draft token is judged against the token the target emits), on
+        a drafting step of k a tail probe (the target verifies k; the token past them is judged against the token the
+        target emits after all k, where they are accepted). The engine may not run one (a batch of sequences runs
+        tail probes of none)."""
         return 0
 
     def shadow(self, accepted: float, seconds: float) -> None:
-        """A shadow probe's result, before that step's update(): `accepted` is the chance the draft token would
-        have been accepted (0 or 1 greedy, min(1, p/q) sampling), `seconds` what drafting it took, catch-up
-        included."""
+        """A shadow or tail probe's result, before that step's update(): `accepted` is the chance the draft token
+        would have been accepted (0 or 1 greedy, min(1, p/q) sampling; a tail probe's None where a draft token
+        before it was rejected), `seconds` what drafting it took, catch-up included (a tail probe's: the step's
+        whole draft, which update() reports too)."""
 
 
 def check_k(name: str, value: int, low: int = 0) -> int:

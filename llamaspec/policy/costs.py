@@ -159,13 +159,17 @@ class Acceptance:
         self.start_first = self.estimates()[1] if self.seen[1] else None
         self.surprised = False
 
-    def record_draft(self, drafted: int, accepted: int) -> None:
+    def record_draft(self, drafted: int, accepted: int, tail: float | None = None) -> None:
+        """`accepted` of `drafted` kept; `tail`: where all were, the chance a token drafted past them and not verified
+        (a tail probe) would have been accepted too: position drafted + 1 judged."""
         judged = min(drafted, accepted + 1)   # positions after the first rejection were not judged
+        if tail is not None and accepted == drafted < self.k_max:
+            judged = drafted + 1
         self._decay(judged)
         for j in range(1, judged + 1):
             self.tried[j] += 1.0
             self.seen[j] += 1.0
-            self.acc[j] += 1.0 if j <= accepted else 0.0
+            self.acc[j] += 1.0 if j <= accepted else 0.0 if j <= drafted else tail
         self.req_tried += 1.0
         self.req_acc += 1.0 if accepted else 0.0
         self._check_surprise()

@@ -46,6 +46,10 @@ class AutoTuning:
     accept_enough: float = 0.5          # a shadow probe counts as accepted at this chance; measuring starts there
     cold_matters: float = 0.1           # switch cost over t_verify(1) above which a cold "no draft pays" is re-measured
     cold_refresh: float = 0.05          # switch cost over t_verify(1) above which no refresh pass is taken
+    tail_seen: float = 3.0              # judgements (faded) of the position past k below which a drafting step drafts
+                                        # one token more, unverified, that the target's next token judges where all k
+                                        # were accepted (a tail probe): higher asks more often, a drafted token each
+                                        # time; 0 never (one-token drafts then never judge position 2 again)
 
     def __post_init__(self):
         for f in fields(self):

@@ -395,3 +395,59 @@ def test_the_engine_tells_the_policy_how_many_tokens_each_request_follows():
     first = pair.generate(PROMPT, max_tokens=8)
     pair.generate(PROMPT + first.tokens + [5, 6, 7], max_tokens=4)   # a next turn: most of it kept
     assert policy.held_at == [len(PROMPT) - 1, len(PROMPT) + len(first.tokens) + 2]
+
+
+class TailEvery(DraftPolicy):
+    """k=1 every step with a tail probe (one token past it, never verified) every step; records what it is told."""
+
+    name = "tail-test"
+
+    def __init__(self):
+        self.draft_max, self.results, self.updates = 2, [], []
+
+    def next_draft_len(self) -> int:
+        return 1
+
+    def shadow_len(self) -> int:
+        return 1
+
+    def shadow(self, accepted, seconds) -> None:
+        self.results.append(accepted)
+
+    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.updates.append((drafted, accepted))
+
+
+@pytest.mark.parametrize("disagree", [0.0, 0.5])
+def test_a_tail_probe_is_drafted_and_judged_but_never_verified(disagree):
+    """auto's tail probe (policy/auto.py _tail_due): the drafter proposes k + 1, the target verifies k, and the token
+    the target emits after all k judges the last; the output is plain decoding's, every target batch k + 1 long."""
+    expected = plain_pair().generate(PROMPT, max_tokens=40).tokens
+    policy = TailEvery()
+    pair = fake_pair(disagree, policy)
+    c = pair.generate(PROMPT, max_tokens=40)
+    assert c.tokens == expected
+    assert set(pair.target_ctx.evals[1:]) <= {1, 2} and c.stats.drafted == sum(d for d, _ in policy.updates)
+    assert c.stats.tail_probes == len(policy.results) == sum(1 for d, _ in policy.updates if d == 1)
+    reached = [r for r, (d, a) in zip(policy.results, policy.updates) if d == 1 and a == 1]
+    assert len(reached) == sum(r is not None for r in policy.results) > 0     # judged exactly where d_1 was kept
+    history = PROMPT + c.tokens[:-1]
+    assert pair.draft_ctx.tokens == history[:len(pair.draft_ctx.tokens)]       # no probe token left behind
+    rate = np.mean(reached)
+    assert {0.0: rate == 1.0, 0.5: 0.1 < rate < 0.9}[disagree], rate
+
+
+@pytest.mark.parametrize("device", [True, False], ids=["device", "numpy"])
+def test_sampled_tail_probes_keep_the_target_distribution(device):
+    """The tail probe's token is drawn after the draft's, from the same generator, and judged with the rejection
+    rule's chance on the target's row after the draft (min(1, p/q)): the first token still follows the target's
+    filtered distribution, and the chances are those of a rule, not 0/1 judgements."""
+    cfg = SamplerConfig(temperature=1.3, top_k=12, top_p=0.97, min_p=0.02, order="llama.cpp")
+    policy = TailEvery()
+    pair = (fake_device_pair if device else fake_pair)(0.6, policy, sharpness=1.5)
+    counts = _first_token_counts(pair, cfg, 3000)
+    assert pair.last_stats.tail_probes > 0
+    assert_follows(counts, filtered_probs(pair.target.logits(PROMPT), cfg).astype(np.float64))
+    chances = [r for r in policy.results if r is not None]
+    assert chances and all(0.0 <= r <= 1.0 for r in chances) and 0.0 < np.mean(chances) < 1.0
+    assert any(0.0 < r < 1.0 for r in chances)

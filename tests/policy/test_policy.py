@@ -1130,3 +1130,58 @@ def test_auto_told_the_depth_keeps_its_length_through_a_deep_agent_session():
             ratios.append(simulate(policy, MTP_SYNTH_H100_DEEP, 0.0, session=session, seed=seed,
                                    calibration=(0.03, 5)).throughput / best)
     assert min(told) >= 0.985 and np.mean(told) >= np.mean(not_told) + 0.015, (told, not_told)
+
+
+def test_a_tail_probe_judges_the_position_past_the_draft():
+    """Acceptance.record_draft with a tail probe's chance: where all k were accepted, position k + 1 is judged with
+    it (a fraction when sampled); where a rejection came first, or at the longest draft, nothing past it is."""
+    from llamaspec.policy.costs import Acceptance
+
+    a = Acceptance(3, AutoTuning())
+    a.record_draft(1, 1, tail=0.25)
+    assert a.tried[2] == 1.0 and a.acc[2] == 0.25 and a.acc[1] == 1.0
+    a.record_draft(1, 0, tail=None)
+    assert a.tried[2] == pytest.approx(AutoTuning().stale_decay)    # not judged: faded as a position not drafted
+    b = Acceptance(1, AutoTuning())
+    b.record_draft(1, 1, tail=1.0)                                   # k_max 1: no position 2 to judge
+    assert b.tried == [0.0, 1.0]
+
+
+def test_auto_asks_a_tail_probe_only_where_position_two_looks_worse_than_it_may_be():
+    """At k=1 with position 2 judged poor on a few steps (the lock: one-token drafts never judge it again), auto asks
+    a tail probe; with position 2 as good as position 1 (k=1 best on its costs) or judged often, or at its longest
+    draft, or with a one-pass drafter, it does not; the probe's token counts in the step's draft time."""
+    def at_k1(second: float, seen: float = 1.0, draft_max: int = 3, per_pass: bool = False) -> AutoPolicy:
+        p = AutoPolicy(draft_max=draft_max)
+        p.attach("per_pass" if per_pass else "per_token",
+                 Costs({1: 1.0, 2: 1.08, 3: 1.3, 4: 1.55}, 0.1, [0.5] * 4))
+        p.phase, p._k, p._since_draft = Phase.ON, 1, 0
+        p.accept.acc[1], p.accept.tried[1], p.accept.seen[1] = 14.0, 20.0, 20.0
+        if draft_max > 1:
+            p.accept.acc[2], p.accept.tried[2], p.accept.seen[2] = second * seen, seen, seen
+        return p
+
+    assert at_k1(0.0).shadow_len() == 1
+    assert at_k1(0.7).shadow_len() == 0                      # as good as position 1: nothing to learn
+    assert at_k1(0.0, seen=10.0).shadow_len() == 0           # judged often enough
+    assert at_k1(0.0, draft_max=1).shadow_len() == 0         # no k=2 to go to
+    assert at_k1(0.0, per_pass=True).shadow_len() == 0       # a one-pass drafter's length is its own
+    p = at_k1(0.0)
+    assert p.shadow_len() == 1
+    seen_before = p.accept.seen[2]
+    p.shadow(1.0, 0.0)
+    p.update(1, 1, 0.2, 1.1)
+    assert p.accept.seen[2] > seen_before and p.accept.acc[2] > 0.0
+    assert p.model.draft_cold.value == pytest.approx(0.1)   # 0.2 s for the draft token and the probe's
+
+
+def test_tail_probes_free_auto_from_one_token_drafts_on_the_files_own_answers(monkeypatch):
+    """The warm lock on the synthetic MTP file's own answers (auto-policy-notes.md): after the warm-up request auto
+    sat at k=1 (position 2 judged on six steps, 0.37 where the answers give 0.79). Tail probes judge position 2 while
+    at k=1: warm 0.957 -> 0.98 of the best fixed k, cold unchanged; without them the lock is back."""
+    from support.policy_sim import walk_cold_and_warm
+
+    cold, warm = walk_cold_and_warm(1)
+    monkeypatch.setattr(AutoPolicy, "_tail_due", lambda self: False)
+    cold_off, warm_off = walk_cold_and_warm(1)
+    assert warm[0] >= 0.975 and warm_off[0] <= 0.96 and cold[0] >= cold_off[0] - 0.002, (cold, warm, cold_off, warm_off)

@@ -121,6 +121,7 @@ class RunResult:
     drafted: int = 0
     draft_prefills: int = 0                        # requests whose drafter was prefilled before the first step
     shadows: int = 0                               # shadow probes
+    tails: int = 0                                 # tail probes (one token drafted past k, not verified)
 
     @property
     def throughput(self) -> float:
@@ -195,8 +196,10 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
         n_out, size, same = 0, 0, 0           # the target's last batch size and how often in a row
         last_k, drafted_yet = 0, False
         while n_out < max_tokens:
-            k = max(min(policy.next_draft_len(), max_tokens - n_out - 1), 0)
-            shadow = not k and hooks.shadow_len() > 0
+            asked = policy.next_draft_len()
+            k = max(min(asked, max_tokens - n_out - 1), 0)
+            # a shadow probe on a plain step, a tail probe (one token past k) on a drafting one (Engine._draft_lens)
+            shadow = (k > 0 or not asked) and hooks.shadow_len() > 0
             setup = draft = 0.0
             if k or shadow:
                 missing = history - in_draft
@@ -204,13 +207,14 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
                     missing = min(history, WINDOW)
                 first = spend(machine.draft_batch(missing + 1))   # the missed tokens and `last`: d_1
                 context = held + history
-                rest = spend(machine.draft_cost * max(k - 1, 0) + (machine.draft_switch if k != last_k else 0.0)
+                tail = shadow and k > 0
+                rest = spend(machine.draft_cost * max(k - 1 + tail, 0) + (machine.draft_switch if k != last_k else 0.0)
                              + (0.0 if drafted_yet else machine.first_draft) + machine.draft_step
-                             + machine.draft_per_context * context * max(k, 1))
+                             + machine.draft_per_context * context * max(k + tail, 1))
                 drafted_yet = True
                 setup, draft = (first, rest) if missing > 2 else (0.0, first + rest)
                 out.seconds += first + rest
-            if shadow:   # judged against the token the target emits; the target's pass stays one token
+            if shadow and not k:   # judged against the token the target emits; the target's pass stays one token
                 hooks.shadow(1.0 if (run > 0 if runs else rng.random() < chance(0)) else 0.0, setup + draft)
                 out.shadows += 1
                 setup = draft = 0.0
@@ -219,12 +223,17 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
             size = k + 1
             verify = spend(machine.verify_at(k + 1, same, held + history))
             out.seconds += verify
-            accepted = 0
+            accepted, agreeing = 0, run
             if runs:
                 accepted = min(k, run)
                 run = run - k - 1 if run > k else runs.draw(rng)
             while not runs and accepted < k and rng.random() < chance(accepted):
                 accepted += 1
+            if shadow and k:   # a tail probe: judged by the token the target emits after all k, if accepted
+                reached = accepted == k
+                hooks.shadow((1.0 if (agreeing > k if runs else rng.random() < chance(k)) else 0.0) if reached else None,
+                             0.0)
+                out.tails += 1
             policy.update(k, accepted, draft, verify)
             if n_out == 0:
                 out.ttft.append(out.seconds - start)
