@@ -4,6 +4,7 @@ import pytest
 
 from support.chisq import assert_follows
 from support.fakes import FakeContext, FakeModel, fake_device_pair, fake_pair, plain_pair
+from support.probes import TailEvery
 from llamaspec.drafters import Draft, make_drafter
 from llamaspec.engine import Pair, StopMatcher, shadow_acceptance
 from llamaspec.errors import ContextOverflowError, InvalidParameterError
@@ -395,27 +396,6 @@ def test_the_engine_tells_the_policy_how_many_tokens_each_request_follows():
     first = pair.generate(PROMPT, max_tokens=8)
     pair.generate(PROMPT + first.tokens + [5, 6, 7], max_tokens=4)   # a next turn: most of it kept
     assert policy.held_at == [len(PROMPT) - 1, len(PROMPT) + len(first.tokens) + 2]
-
-
-class TailEvery(DraftPolicy):
-    """k=1 every step with a tail probe (one token past it, never verified) every step; records what it is told."""
-
-    name = "tail-test"
-
-    def __init__(self):
-        self.draft_max, self.results, self.updates = 2, [], []
-
-    def next_draft_len(self) -> int:
-        return 1
-
-    def shadow_len(self) -> int:
-        return 1
-
-    def shadow(self, accepted, seconds) -> None:
-        self.results.append(accepted)
-
-    def update(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        self.updates.append((drafted, accepted))
 
 
 @pytest.mark.parametrize("disagree", [0.0, 0.5])

@@ -18,6 +18,7 @@ from support.arch_models import make_arch_model
 from support.mtp_models import make_mtp_model
 from support.chisq import CHI2_CRIT_0001, chi_square
 from support.paths import REPO
+from support.probes import TailEvery
 
 from llamaspec import load_pair
 from llamaspec.backend import Context
@@ -386,20 +387,6 @@ def test_a_policy_chosen_at_run_time_stays_within_the_snapshots_the_load_kept(mo
         assert pair.generate(PROMPT, max_tokens=8).stats.tokens_generated == 8
 
 
-class _TailEvery(FixedPolicy):
-    """k=1 with a tail probe (a second head token, never verified) every step, as auto asks one."""
-
-    def __init__(self):
-        super().__init__(1)
-        self.results: list = []
-
-    def shadow_len(self) -> int:
-        return 1
-
-    def shadow(self, accepted, seconds) -> None:
-        self.results.append(accepted)
-
-
 @pytest.mark.parametrize("arch", ["qwen35", pytest.param("glm4moe", marks=pytest.mark.slow)])
 def test_tail_probes_leave_the_output_and_the_heads_cache_as_without_them(model_dir, arch):
     """The head drafts two tokens where the target verifies one (policy/auto.py _tail_due): the output is plain
@@ -407,7 +394,7 @@ def test_tail_probes_leave_the_output_and_the_heads_cache_as_without_them(model_
     the one a catch-up would make (the random head, whose attention shows a wrong entry)."""
     path = make_mtp_model(arch, model_dir, head="agree", trunk_mix=AGREE_MIX[arch])
     expected = plain_tokens(path, PROMPT, 48)
-    policy = _TailEvery()
+    policy = TailEvery()
     with mtp_pair(path, k=2) as pair:
         pair.set_policy(policy)
         c = pair.generate(PROMPT, max_tokens=48)
@@ -416,6 +403,6 @@ def test_tail_probes_leave_the_output_and_the_heads_cache_as_without_them(model_
     judged = [r for r in policy.results if r is not None]
     assert len(judged) == c.stats.accepted > 0 and set(judged) <= {0.0, 1.0}   # judged exactly where d_1 was kept
     with mtp_pair(make_mtp_model(arch, model_dir, head="random"), k=2) as pair:
-        pair.set_policy(_TailEvery())
+        pair.set_policy(TailEvery())
         pair.generate(PROMPT, max_tokens=24)
         assert_head_cache_is_the_one_pass_cache(pair)

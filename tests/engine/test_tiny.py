@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from support.probes import TailEvery
 from llamaspec import load_pair
 from llamaspec.errors import ContextOverflowError, IncompatiblePairError, InvalidParameterError, ModelFileError
 from llamaspec.policy import FixedPolicy, make_policy
@@ -121,26 +122,12 @@ def test_missing_not_gguf_and_truncated_files_fail_clearly(tmp_path, tiny_models
         load_pair(header_only, no_repack=True)
 
 
-class _TailEvery(FixedPolicy):
-    """k=1 with a tail probe (a second draft token, never verified) every step, as auto asks one."""
-
-    def __init__(self):
-        super().__init__(1)
-        self.results: list = []
-
-    def shadow_len(self) -> int:
-        return 1
-
-    def shadow(self, accepted, seconds) -> None:
-        self.results.append(accepted)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_a_draft_models_tail_probes_leave_its_cache_and_the_output_as_without_them(noisy_pair, temperature):
     """The draft model proposes two tokens where the target verifies one (auto's tail probe): greedy, the output is
     plain decoding's; sampled, a seeded run is reproducible; the draft's cache never keeps the probe's token and
     the next request's drafts start from the history."""
-    policy = _TailEvery()
+    policy = TailEvery()
     noisy_pair.set_policy(policy)
     try:
         got = noisy_pair.generate(PROMPTS[1], max_tokens=40, temperature=temperature, seed=5)
