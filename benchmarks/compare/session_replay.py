@@ -48,7 +48,9 @@ and per-request sampling on all:
   --cache-ram 8192 (its defaults, said explicitly), --jinja (its default); no --cache-reuse (KV shifting does not
   apply to a recurrent state);
 - ik_llama.cpp: `--spec-type mtp:n_max=K,p_min=0.0` (or draft:...), --jinja (off by default there),
-  --ctx-checkpoints 32, --cache-ram 8192.
+  --ctx-checkpoints 32, --cache-ram 8192;
+- llamaspec-fixed:K: llamaspec serve again, `--policy fixed --draft-max K`: `auto` (the first llamaspec run) against a
+  fixed draft length on the same turns, e.g. `--server llamaspec,llamaspec-fixed:2,llama-server`.
 Sampling (--sampling): greedy (temperature 0) and qwen (Qwen's recommended T=0.6, top-k 20, top-p 0.95, min-p 0,
 seed 0). A server that fails to start or answers an error ends the run: the message names the server, the session,
 the turn and the server's log tail, and the exit status is 1. Servers are stopped at the end, on Ctrl-C and on
@@ -69,7 +71,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 try:
@@ -82,6 +84,17 @@ except ImportError:   # run as a script: its folder is on sys.path
 
 SERVERS = ("llamaspec", "llama-server", "ik")
 LABELS = {"llamaspec": "llamaspec serve", "llama-server": "llama-server", "ik": "ik_llama.cpp llama-server"}
+FIXED = "llamaspec-fixed:"   # llamaspec serve --policy fixed --draft-max K: `auto` against a fixed length, same run
+
+
+def fixed_k(name: str) -> int | None:
+    """K of a server named llamaspec-fixed:K, else None."""
+    return int(name[len(FIXED):]) if name.startswith(FIXED) else None
+
+
+def label(name: str) -> str:
+    k = fixed_k(name)
+    return LABELS[name] if k is None else f"llamaspec serve, fixed k={k}"
 SAMPLING = {"greedy": {"temperature": 0.0},
             "qwen": {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "seed": 0}}
 CACHE_RAM_MIB, CTX_CHECKPOINTS = 8192, 32
@@ -386,10 +399,13 @@ def warm_up(port: int, timeout: float) -> None:
 def server_command(name: str, a, setup: Setup, port: int) -> list[str]:
     if name == "llamaspec":
         return llamaspec_cmd(shlex.split(a.llamaspec), setup, port, shlex.split(a.llamaspec_args))
+    if fixed_k(name) is not None:   # the same server and flags, its draft length fixed
+        return llamaspec_cmd(shlex.split(a.llamaspec), replace(setup, k=fixed_k(name)), port,
+                             ["--policy", "fixed", *shlex.split(a.llamaspec_args)])
     exe = a.llama_server if name == "llama-server" else a.ik_server
     if not exe:
         flag = "--llama-server" if name == "llama-server" else "--ik-server"
-        raise ReplayError(f"{LABELS[name]}: no binary given ({flag})")
+        raise ReplayError(f"{label(name)}: no binary given ({flag})")
     if name == "llama-server":
         return llama_server_cmd(exe, setup, port, shlex.split(a.llama_server_args))
     return ik_server_cmd(exe, setup, port, shlex.split(a.ik_args))
@@ -405,8 +421,8 @@ def run_all(a, setup: Setup, session_list: list, log_dir: Path, progress=print) 
             for sampling in a.sampling:
                 port = peers.free_port()
                 cmd = server_command(name, a, setup, port)
-                log_path = log_dir / f"{name}-{session.name}-{sampling}.log"
-                where = f"{LABELS[name]}, session {session.name}, sampling {sampling}"
+                log_path = log_dir / f"{name.replace(':', '-')}-{session.name}-{sampling}.log"
+                where = f"{label(name)}, session {session.name}, sampling {sampling}"
                 progress(f"start: {where}: {peers.shown(cmd)}")
                 try:
                     server = peers.PeerServer(cmd, port, log_path, a.start_timeout, a.timeout)
@@ -479,14 +495,14 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
              "answer; ~ estimated from characters).", "", f"    python {shlex.join(argv)}", "",
              *([note, ""] if note else [])]
     for run in runs:
-        lines += [f"## {LABELS[run.server]}: {run.session}, {run.sampling}", "", f"    {run.cmd}", "",
+        lines += [f"## {label(run.server)}: {run.session}, {run.sampling}", "", f"    {run.cmd}", "",
                   *turn_table(run), ""]
     lines += ["## Summary", "", "Prompt tok/s: the tokens processed over the server's prompt seconds, every turn "
               "together.", "", "| server | session | sampling | wall s | mean TTFT s | processed | reused | "
               "prompt tok/s | decode tok/s | turns within goal |", "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         s = run.summary()
-        lines.append(f"| {LABELS[run.server]} | {run.session} | {run.sampling} | {s['wall_s']:.2f} | "
+        lines.append(f"| {label(run.server)} | {run.session} | {run.sampling} | {s['wall_s']:.2f} | "
                      f"{s['mean_ttft_s']:.3f} | {s['processed']} | {s['reused']} | {s['prompt_tps']:.1f} | "
                      f"{s['decode_tps']:.2f} | {s['turns_within_goal']} |")
     ours = {(r.session, r.sampling): r.summary() for r in runs if r.server == "llamaspec"}
@@ -494,12 +510,13 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
     if peer_runs:
         lines += ["", "## llamaspec / each peer", "", "Wall time and TTFT: peer's / llamaspec's (above 1: llamaspec "
                   "faster); processed: llamaspec's / peer's (below 1: llamaspec processes less); decode: llamaspec's "
-                  "/ peer's; prompt: llamaspec's prompt tok/s / peer's.", "",
+                  "/ peer's; prompt: llamaspec's prompt tok/s / peer's. A fixed-k llamaspec row is its `--policy` "
+                  "(default `auto`) against that fixed length on the same turns.", "",
                   "| peer | session | sampling | wall | TTFT | processed | prompt | decode |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in peer_runs:
             o, p = ours[(r.session, r.sampling)], r.summary()
-            lines.append(f"| {LABELS[r.server]} | {r.session} | {r.sampling} | {ratio(p['wall_s'], o['wall_s'])} | "
+            lines.append(f"| {label(r.server)} | {r.session} | {r.sampling} | {ratio(p['wall_s'], o['wall_s'])} | "
                          f"{ratio(p['mean_ttft_s'], o['mean_ttft_s'])} | {ratio(o['processed'], p['processed'])} | "
                          f"{ratio(o['prompt_tps'], p['prompt_tps'])} | {ratio(o['decode_tps'], p['decode_tps'])} |")
     return "\n".join(lines) + "\n"
@@ -519,10 +536,14 @@ def dump(setup: Setup, session_list: list, runs: list[Run], hardware: str, argv:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
-def names(choices):
+def names(choices, fixed: bool = False):
+    """A comma-separated list of `choices` (and, with `fixed`, llamaspec-fixed:K for K >= 1)."""
+    def known(n: str) -> bool:
+        return n in choices or fixed and n.startswith(FIXED) and n[len(FIXED):].isdigit() and int(n[len(FIXED):]) > 0
+
     def parse(text: str) -> list[str]:
         got = [n.strip() for n in text.split(",") if n.strip()]
-        bad = [n for n in got if n not in choices]
+        bad = [n for n in got if not known(n)]
         if bad or not got:
             raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(choices)}")
         return list(dict.fromkeys(got))
@@ -537,7 +558,9 @@ def parser() -> argparse.ArgumentParser:
                    help="mtp: the target's head; draft: --draft; lookup: prompt lookup (llama-server: ngram-simple; "
                         "each at its default lengths); none: plain [default: draft with --draft, else mtp]")
     p.add_argument("--k", type=int, default=3, help="draft length (llamaspec: its longest) [3]")
-    p.add_argument("--server", type=names(SERVERS), default=["llamaspec"], help="llamaspec,llama-server,ik")
+    p.add_argument("--server", type=names(SERVERS, fixed=True), default=["llamaspec"],
+                   help="llamaspec,llama-server,ik; llamaspec-fixed:K runs llamaspec serve again with --policy fixed "
+                        "--draft-max K (its `auto` against a fixed length on the same turns)")
     p.add_argument("--sessions", type=names(tuple(sessions.SESSIONS)), default=list(sessions.SESSIONS))
     p.add_argument("--scale", type=float, default=1.0, help="multiply each session's target size")
     p.add_argument("--target-tokens", type=int, help="each session's target size in tokens (overrides --scale)")

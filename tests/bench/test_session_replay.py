@@ -1,6 +1,7 @@
 """The session replay benchmark (benchmarks/compare/session_replay.py): its scripted sessions, the servers'
 commands, the client against a fake llama-server (the requests it sends, the figures it reads, a server error
 ending the run with the turn and the log), and one real replay against `llamaspec serve` on loopback."""
+import itertools
 import json
 import stat
 import sys
@@ -309,3 +310,26 @@ def test_a_report_from_bad_input_is_one_line_and_exit_1(tmp_path, capsys):
     assert "does not parse" in capsys.readouterr().err
     with pytest.raises(SystemExit):   # argparse: a run takes the target's own template
         replay.main(["--target", "T.gguf", "--chat-template", str(bad_template)])
+
+
+def test_a_fixed_length_llamaspec_run_replays_beside_auto_and_is_compared_with_it(fake_server, tmp_path, capsys):
+    """--server llamaspec,llamaspec-fixed:2: the same server command twice, the second with --policy fixed and its
+    own draft length, each its own run, the fixed one in the comparison table; a bad length is refused."""
+    args, _ = fake_server
+    given = dict(zip(args[::2], args[1::2]))
+    given.update({"--server": "llamaspec,llamaspec-fixed:2", "--llamaspec": given["--llama-server"],
+                  "--drafter": "mtp", "--k": "3", "--sessions": "edit-32k"})
+    out = tmp_path / "report.md"
+    assert replay.main([*itertools.chain(*given.items()), "--out", str(out)]) == 0
+    text = out.read_text()
+    dump = json.loads(out.with_suffix(".json").read_text())
+    auto, fixed = dump["runs"]
+    assert auto["server"] == "llamaspec" and fixed["server"] == "llamaspec-fixed:2"
+    assert "--draft-max 3" in auto["cmd"] and "--policy" not in auto["cmd"]
+    assert "--policy fixed" in fixed["cmd"] and "--draft-max 2" in fixed["cmd"]
+    assert "## llamaspec serve, fixed k=2: edit-32k, greedy" in text
+    rows = [r for r in text.split("## llamaspec / each peer")[1].splitlines() if r.startswith("| llamaspec serve")]
+    assert len(rows) == 1 and rows[0].startswith("| llamaspec serve, fixed k=2 | edit-32k | greedy |")
+    assert rows[0].endswith("| 1.00x |")    # decode: the fake's 250 tok/s on both
+    with pytest.raises(SystemExit):
+        replay.main(["--target", given["--target"], "--server", "llamaspec-fixed:0"])
