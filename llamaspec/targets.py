@@ -485,7 +485,7 @@ class SharedTarget:
         rows = self.ctx.decode(runs) if runs else []
         if runs and joining is None:   # a prompt chunk's rows cost less than verified ones: not learnt from
             self.engine_policy.record_step(sum(len(r.tokens) for r in runs), time.perf_counter() - t0, rounds,
-                                           draft_seconds)
+                                           draft_seconds, sum(len(s.history) for s in active))
         self._rows = {s.index: r for s, r in zip(active, rows)}
         if joining is not None:
             joining.todo = joining.todo[len(chunk):]

@@ -92,10 +92,12 @@ class BatchPolicy:
         self.plain_slot_steps = 0                # ... of them given k = 0
 
     # -- learning -------------------------------------------------------------------------------------------
-    def record_step(self, rows: int, seconds: float, rounds: int = 0, draft_seconds: float = 0.0) -> None:
-        """A step's target pass over `rows` rows took `seconds`; its drafting took `rounds` draft rounds and
-        `draft_seconds`."""
+    def record_step(self, rows: int, seconds: float, rounds: int = 0, draft_seconds: float = 0.0,
+                    held: int = 0) -> None:
+        """A step's target pass over `rows` rows took `seconds`, its sequences holding `held` tokens in all (the
+        context it read: costs.Depth); its drafting took `rounds` draft rounds and `draft_seconds`."""
         self.steps += 1
+        self.model.depth.now = held   # a size last timed at another depth is priced at this one (refit as it goes)
         self.model.record_pass(rows, seconds)
         if rounds > 0 and not self.free_drafts:
             self.rounds.add(rounds, draft_seconds)
