@@ -399,9 +399,11 @@ def warm_up(port: int, timeout: float) -> None:
 def server_command(name: str, a, setup: Setup, port: int) -> list[str]:
     if name == "llamaspec":
         return llamaspec_cmd(shlex.split(a.llamaspec), setup, port, shlex.split(a.llamaspec_args))
-    if fixed_k(name) is not None:   # the same server and flags, its draft length fixed
-        return llamaspec_cmd(shlex.split(a.llamaspec), replace(setup, k=fixed_k(name)), port,
-                             ["--policy", "fixed", *shlex.split(a.llamaspec_args)])
+    if fixed_k(name) is not None:   # the same server and flags, its draft length fixed (lookup's too)
+        k = fixed_k(name)
+        length = ["--draft-max", str(k)] if setup.drafter == "lookup" else []
+        return llamaspec_cmd(shlex.split(a.llamaspec), replace(setup, k=k), port,
+                             ["--policy", "fixed", *length, *shlex.split(a.llamaspec_args)])
     exe = a.llama_server if name == "llama-server" else a.ik_server
     if not exe:
         flag = "--llama-server" if name == "llama-server" else "--ik-server"

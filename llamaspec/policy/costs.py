@@ -61,51 +61,67 @@ class Timing:
         self.weight = decay * self.weight + units
 
 
-# tokens held: how far apart (standard deviation within a size) the warm passes' depths must lie before what a token
-# of context costs a pass is estimated from them; how many warm passes between estimates
-_DEPTH_SPREAD, _DEPTH_REFIT = 1024, 16
+# what a token of context costs a pass is used once its estimate is this many standard errors above 0 (and the depths
+# timed spread by more than _DEPTH_SPREAD tokens); warm passes between refits (and one at each new depth)
+_DEPTH_SIGNIFICANT, _DEPTH_SPREAD, _DEPTH_REFIT = 3.0, 64, 16
 
 
 class Depth:
-    """What a token of context adds to a target pass, learnt where passes ran at depths far apart (an agent session's
-    turns, 30K tokens and more): the slope of the warm passes' times on the tokens held, pooled within each size (a
-    line through each size's own passes, one slope for all: a GPU reads the attention layers' KV cache once a pass,
-    whatever its size). A size last timed shallower than the context now is priced that much dearer: without it, a
-    size not run for a while keeps the price of a shallower context while the size running pays for this one, and
-    looks cheaper than it is. The load's passes do not count (a short prompt: an error of the load's price of the
-    size running would read as a slope). No slope until the depths spread."""
+    """What a token of context adds to a target pass, learnt where passes ran at different depths (an agent session's
+    turns, 30K tokens and more; on a CPU a few thousand already cost a plain pass a third more): the slope of the
+    warm passes' times on the tokens held, pooled within each size (a line through each size's own passes, one slope
+    for all: a GPU reads the attention layers' KV cache once a pass, whatever its size), used once it stands
+    `_DEPTH_SIGNIFICANT` standard errors above nothing. A size last timed shallower than the context now is priced
+    that much dearer: without it, a size not run for a while keeps the price of a shallower context while the size
+    running pays for this one, and looks cheaper than it is. The load's passes do not count (a short prompt: an error
+    of the load's price of the size running would read as a slope). Refit every `_DEPTH_REFIT` warm passes and at the
+    first warm pass of a new depth: the first steps of a deeper request are when a stale price lures."""
 
-    __slots__ = ("now", "fed", "slope", "_sums", "_since")
+    __slots__ = ("now", "fed", "slope", "_sums", "_since", "_fit_at")
 
     def __init__(self):
         self.now = 0                        # tokens held when the request began
         self.fed: dict[int, int] = {}       # batch size -> the depth of its last timed pass
         self.slope = 0.0                    # seconds a pass, a token of context
-        self._sums: dict[int, list] = {}    # batch size -> [passes, sum d, sum t, sum d^2, sum d t] of warm passes
+        self._sums: dict[int, list] = {}    # batch size -> [passes, sum d, sum t, sum d^2, sum d t, sum t^2], warm
         self._since = 0
+        self._fit_at = 0                    # the depth at the last fit
+
+    def move(self, tokens: int) -> None:
+        self.now = tokens
 
     def warm(self, n: int, seconds: float) -> None:
         d = self.now
         sums = self._sums.get(n)
         if sums is None:
-            sums = self._sums[n] = [0.0] * 5
+            sums = self._sums[n] = [0.0] * 6
         sums[0] += 1.0
         sums[1] += d
         sums[2] += seconds
         sums[3] += d * d
         sums[4] += d * seconds
+        sums[5] += seconds * seconds
         self._since += 1
-        if self._since >= _DEPTH_REFIT:
+        if self._since >= _DEPTH_REFIT or abs(d - self._fit_at) >= _DEPTH_SPREAD:
             self.fit()
 
     def fit(self) -> None:
-        self._since = 0
-        cov = var = count = 0.0
-        for passes, sd, st, sdd, sdt in self._sums.values():
-            cov += sdt - sd * st / passes
-            var += sdd - sd * sd / passes
+        self._since, self._fit_at = 0, self.now
+        sdd = sdt = stt = count = 0.0
+        groups = 0
+        for passes, sd, st, s_dd, s_dt, s_tt in self._sums.values():
+            sdd += s_dd - sd * sd / passes
+            sdt += s_dt - sd * st / passes
+            stt += s_tt - st * st / passes
             count += passes
-        self.slope = max(cov / var, 0.0) if count and var >= count * _DEPTH_SPREAD ** 2 else 0.0
+            groups += 1
+        dof = count - groups - 1
+        if dof < 1 or sdd < count * _DEPTH_SPREAD ** 2:
+            self.slope = 0.0
+            return
+        slope = sdt / sdd
+        error = math.sqrt(max(stt - slope * sdt, 0.0) / dof / sdd)
+        self.slope = slope if slope > _DEPTH_SIGNIFICANT * error else 0.0
 
     def extra(self, n: int) -> float:
         """Seconds a pass over n tokens costs now beyond its estimate (timed at another depth)."""
@@ -277,9 +293,9 @@ class CostModel:
         if warm or not timing.samples:   # the depth of the time size_time prices it by
             self.depth.fed[n] = self.depth.now
         if warm:   # the first warm pass of a size tells what its cold ones cost beyond it
-            # (for the depth's slope, a pass slower than its estimate counts as Timing clips it: one slow pass of
-            # another process's making cannot tilt the line)
-            self.depth.warm(n, min(seconds, _SLOWEST * timing.value) if timing.samples else seconds)
+            # (as timed: the estimate, which a slow pass moves only a little, lags a deeper request's passes, a
+            # third dearer on a CPU; a slow pass of another process's making weighs in the slope's error)
+            self.depth.warm(n, seconds)
             if cold.samples and not timing.samples:
                 self.excess.append(cold.value - seconds)
                 self._switch = None
@@ -306,8 +322,7 @@ class CostModel:
 
     def held(self, tokens: int) -> None:
         """The request's first step follows `tokens` the target holds."""
-        self.depth.now = tokens
-        self.depth.fit()
+        self.depth.move(tokens)
         self._curves.clear()
         self._drawn.clear()
 

@@ -224,18 +224,19 @@ def test_a_size_seen_only_cold_does_not_keep_the_batch_off_it():
 def test_the_shared_pass_is_priced_at_the_context_its_sequences_hold():
     """Two agent sessions deep in one pass (serve --parallel 2): passes of 8 rows at 40K-70K tokens held in all give
     what a token of context costs a pass (costs.Depth), and a size last timed at the load's short prompt is priced
-    with it; at a few hundred tokens held, nothing moves."""
-    base, per_token = {n: 0.010 + 0.001 * n for n in range(1, 9)}, 2e-8
+    with it; where the times do not depend on the depth, nothing moves."""
+    base, per_token, rng = {n: 0.010 + 0.001 * n for n in range(1, 9)}, 2e-8, random.Random(0)
 
-    def batch_at(depths) -> BatchPolicy:
+    def batch_at(depths, slope=per_token) -> BatchPolicy:
         bp = BatchPolicy(costs=Costs(dict(base), 0.001, [0.005] * 8))
         for held in depths:
             for _ in range(20):
-                bp.record_step(8, base[8] + per_token * held, rounds=3, draft_seconds=0.003, held=held)
+                seconds = (base[8] + slope * held) * (1.0 + 0.01 * rng.gauss(0.0, 1.0))
+                bp.record_step(8, seconds, rounds=3, draft_seconds=0.003, held=held)
         return bp
 
-    shallow = batch_at(range(200, 800, 100))
-    assert shallow.model.depth.slope == 0.0 and shallow.t_pass(4) == pytest.approx(base[4], rel=1e-9)
+    flat = batch_at(range(40_000, 70_001, 3_000), slope=0.0)
+    assert flat.model.depth.slope == 0.0 and flat.t_pass(4) == pytest.approx(base[4], rel=1e-9)
     deep = batch_at(range(40_000, 70_001, 3_000))
     assert deep.model.depth.slope == pytest.approx(per_token, rel=0.05)
     assert deep.t_pass(4) == pytest.approx(base[4] + per_token * 70_000, rel=0.01)

@@ -1085,24 +1085,25 @@ def test_the_load_keeps_the_median_of_each_sizes_warm_passes():
 
 def test_a_size_last_timed_at_a_shallower_context_is_priced_at_this_one():
     """Depth (policy/costs.py): warm passes of one size at requests 30K, 33K and 36K tokens deep give the slope of a
-    pass on the context, and a size last timed at the load's short prompt is priced with it at the depth now; passes
-    at depths a few hundred tokens apart (short prompts) give none, and every price stays as timed."""
+    pass on the context, and a size last timed at the load's short prompt is priced with it at the depth now; where
+    the times do not depend on the depth (noise of 1% a pass) no slope stands and every price stays as timed; a
+    CPU's steep slope (a third more for 1.7K tokens) is used from the first warm pass of the deeper request."""
     from llamaspec.policy.costs import CostModel
 
-    base, per_token = {1: 0.0118, 2: 0.0129, 3: 0.0154}, 2e-8
+    base, per_token, rng = {1: 0.0118, 2: 0.0129, 3: 0.0154}, 2e-8, np.random.default_rng(0)
 
-    def session(depths, passes):   # the load's prices, then warm passes of 3 tokens at each request's depth
+    def session(depths, passes, slope=per_token, noise=0.0):   # the load's prices, then warm passes of 3 tokens
         model = CostModel(AutoTuning())
         model.calibrate(Costs(dict(base), 0.0012, [0.007] * 4))
         for held in depths:
             model.new_request()
             model.held(held)
             for _ in range(passes):
-                model.record_pass(3, base[3] + per_token * held)
+                model.record_pass(3, (base[3] + slope * held) * (1.0 + noise * rng.standard_normal()))
         return model
 
-    shallow = session((40, 300, 620), 20)
-    assert shallow.depth.slope == 0.0 and shallow.size_time(2) == pytest.approx(base[2], rel=1e-9)
+    flat = session((30_000, 33_000, 36_000), 40, slope=0.0, noise=0.01)
+    assert flat.depth.slope == 0.0 and flat.size_time(2) == pytest.approx(base[2], rel=1e-9)
 
     deep = session((30_000, 33_000, 36_000), 40)
     deep.held(39_000)
@@ -1111,6 +1112,14 @@ def test_a_size_last_timed_at_a_shallower_context_is_priced_at_this_one():
     assert deep.size_time(3) > base[3] + per_token * 33_000                             # its own recent passes
     deep.held(1_000)   # a shorter conversation next: a size last timed deep is priced down to it
     assert deep.size_time(3) < base[3] + per_token * 10_000
+
+    cpu = session((2_300,), 30, slope=1.4e-5, noise=0.01)   # plain 68 ms at 2.3K, 92 at 4K (the 0.5B, 2 cores)
+    assert cpu.depth.slope == 0.0
+    cpu.new_request()
+    cpu.held(4_000)
+    for _ in range(3):   # after a prompt two passes run cold, then the first warm one
+        cpu.record_pass(3, base[3] + 1.4e-5 * 4_000)
+    assert cpu.depth.slope == pytest.approx(1.4e-5, rel=0.1)
 
 
 def test_auto_told_the_depth_keeps_its_length_through_a_deep_agent_session():
