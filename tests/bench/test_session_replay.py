@@ -333,3 +333,14 @@ def test_a_fixed_length_llamaspec_run_replays_beside_auto_and_is_compared_with_i
     assert rows[0].endswith("| 1.00x |")    # decode: the fake's 250 tok/s on both
     with pytest.raises(SystemExit):
         replay.main(["--target", given["--target"], "--server", "llamaspec-fixed:0"])
+
+
+def test_a_fixed_length_run_fixes_prompt_lookups_length_too():
+    """Prompt lookup runs at its default lengths (no --draft-max) where auto chooses; llamaspec-fixed:K gives it K."""
+    from types import SimpleNamespace
+
+    a = SimpleNamespace(llamaspec="llamaspec", llamaspec_args="")
+    lookup = replay.Setup(target="T.gguf", drafter="lookup")
+    assert "--draft-max" not in replay.server_command("llamaspec", a, lookup, 1)
+    fixed = replay.server_command("llamaspec-fixed:4", a, lookup, 1)
+    assert fixed[fixed.index("--policy") + 1] == "fixed" and fixed[fixed.index("--draft-max") + 1] == "4"
