@@ -547,7 +547,8 @@ def names(choices, fixed: bool = False):
         got = [n.strip() for n in text.split(",") if n.strip()]
         bad = [n for n in got if not known(n)]
         if bad or not got:
-            raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {', '.join(choices)}")
+            listed = ", ".join([*choices, *([f"{FIXED}K (K >= 1)"] if fixed else [])])
+            raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {listed}")
         return list(dict.fromkeys(got))
     return parse
 

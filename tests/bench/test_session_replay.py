@@ -331,8 +331,9 @@ def test_a_fixed_length_llamaspec_run_replays_beside_auto_and_is_compared_with_i
     rows = [r for r in text.split("## llamaspec / each peer")[1].splitlines() if r.startswith("| llamaspec serve")]
     assert len(rows) == 1 and rows[0].startswith("| llamaspec serve, fixed k=2 | edit-32k | greedy |")
     assert rows[0].endswith("| 1.00x |")    # decode: the fake's 250 tok/s on both
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stop:
         replay.main(["--target", given["--target"], "--server", "llamaspec-fixed:0"])
+    assert stop.value.code == 2 and "llamaspec-fixed:K (K >= 1)" in capsys.readouterr().err
 
 
 def test_a_fixed_length_run_fixes_prompt_lookups_length_too():
