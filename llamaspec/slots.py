@@ -247,7 +247,7 @@ class Engine:
             k = max(min(asked, room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1, self.target.k_cap), 0)
             s.together = False
             # a one-token shadow probe on a plain step, or on a drafting one a tail probe (one token past k)
-            fits = k + 1 <= room and self.target.tail_probes if k else not asked and room > 0
+            fits = (k + 1 <= room and self.target.tail_probes) if k else (not asked and room > 0)
             return {s.index: (k, fits and self.speculative and s.hooks.shadow_len() > 0)}
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
@@ -286,7 +286,7 @@ class Engine:
         t2 = time.perf_counter()
         stats, chance = slot.stats, None
         if probe is not None and drafted:   # a tail probe: judged where every draft token before it was accepted
-            reached = n_accepted == len(drafted) and probe.tokens
+            reached = n_accepted == len(drafted) and bool(probe.tokens)
             chance = shadow_acceptance(probe, next_token, target_probs, n_accepted) if reached else None
             stats.tail_probes += 1
         elif probe is not None:

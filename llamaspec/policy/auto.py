@@ -173,17 +173,18 @@ class AutoPolicy(DraftPolicy):
             self._draft_step(drafted, accepted, draft_seconds, verify_seconds, warm, tail)
 
     def _tail_due(self) -> bool:
-        """Whether this drafting step drafts one token past k to judge position k + 1 (the engine drafts it with the
-        others, never verifies it; the target's next token judges it where all k are accepted): while that position
-        is judged less than `tail_seen` times (faded) and a k + 1 whose position k + 1 were as good as position k
-        would beat k. Without it a k whose next position looked poor once never learns otherwise: one-token drafts
-        never judge position 2 again. Not where a draft is one pass (its length is the drafter's)."""
+        """Whether this drafting step of k=1 drafts one token more to judge position 2 (the engine drafts it with the
+        first, never verifies it; the target's next token judges it where the first is accepted): while position 2 is
+        judged less than `tail_seen` times (faded), its estimate is `tail_gap` under position 1's, and k=2 would beat
+        k=1 were position 2 as good as position 1. Without it one-token drafts never judge position 2 again. Not at
+        other k (there it cost more than it found: auto-policy-notes.md), nor where a draft is one pass (its length
+        is the drafter's)."""
         k, t = self._k, self.tuning
-        if k != 1 or k >= self.draft_max or self.model.per_pass or self.phase is not Phase.ON or self._hold or \
+        if k != 1 or self.draft_max < 2 or self.model.per_pass or self.phase is not Phase.ON or self._hold or \
                 self.step is not Step.ORDINARY or self.accept.seen[k + 1] >= t.tail_seen:
             return False
         a = self.accept.estimates()
-        if a[k + 1] > a[k] - 0.1:
+        if a[k + 1] > a[k] - t.tail_gap:
             return False
         a[k + 1] = a[k]
         speeds = dict(self.model.speeds(a, k + 1, False))

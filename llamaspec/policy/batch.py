@@ -97,7 +97,7 @@ class BatchPolicy:
         """A step's target pass over `rows` rows took `seconds`, its sequences holding `held` tokens in all (the
         context it read: costs.Depth); its drafting took `rounds` draft rounds and `draft_seconds`."""
         self.steps += 1
-        self.model.depth.move(held)   # a size last timed at another depth is priced at this one (refit as it goes)
+        self.model.held(held)   # a size last timed at another depth is priced at this one (refit as it goes)
         self.model.record_pass(rows, seconds)
         if rounds > 0 and not self.free_drafts:
             self.rounds.add(rounds, draft_seconds)

@@ -87,9 +87,6 @@ class Depth:
         self._since = 0
         self._fit_at = 0                    # the depth at the last fit
 
-    def move(self, tokens: int) -> None:
-        self.now = tokens
-
     def warm(self, n: int, seconds: float) -> None:
         d = self.now
         sums = self._sums.get(n)
@@ -321,8 +318,8 @@ class CostModel:
         self.last_n = self.run = 0
 
     def held(self, tokens: int) -> None:
-        """The request's first step follows `tokens` the target holds."""
-        self.depth.move(tokens)
+        """The next pass follows `tokens` the target holds (a request's first step; the batch's every pass)."""
+        self.depth.now = tokens
         self._curves.clear()
         self._drawn.clear()
 

@@ -50,6 +50,8 @@ class AutoTuning:
                                         # one token more, unverified, that the target's next token judges where all k
                                         # were accepted (a tail probe): higher asks more often, a drafted token each
                                         # time; 0 never (one-token drafts then never judge position 2 again)
+    tail_gap: float = 0.1               # ... while position k + 1's estimate is this far under position k's: lower asks
+                                        # where k + 1 is near k already (and k is best on its costs), more tokens
 
     def __post_init__(self):
         for f in fields(self):
