@@ -1204,3 +1204,37 @@ def test_tail_probes_free_auto_from_one_token_drafts_on_the_files_own_answers(mo
     monkeypatch.setattr(AutoPolicy, "_tail_due", lambda self: False)
     cold_off, warm_off = walk_cold_and_warm(1)
     assert warm[0] >= 0.975 and warm_off[0] <= 0.96 and cold[0] >= cold_off[0] - 0.002, (cold, warm, cold_off, warm_off)
+
+
+def test_a_faster_k_the_horizon_refuses_is_taken_once_its_gain_has_lasted(monkeypatch):
+    """On the H200 (uniform MTP rows at 7beabe5) auto went to k=1 at the second request's second step and kept it for
+    three requests while its own estimates had k=2 2.5% faster: too little to repay two cold passes within `horizon`
+    steps, so no single decision changed. What the drafted steps since k=2 first looked faster would have saved at
+    it now counts too: auto changes once that reaches the change's cost; where k=2 is slower it stays."""
+    def at_k1(second: float) -> AutoPolicy:
+        p = AutoPolicy(draft_max=3)
+        p.attach("per_token", Costs({1: 1.0, 2: 1.11, 3: 1.36, 4: 1.59}, 0.09, [0.44] * 8))
+        p.phase, p._k, p._since_draft = Phase.ON, 1, 0
+        p.accept.acc[1], p.accept.tried[1], p.accept.seen[1] = 16.0, 20.0, 20.0
+        p.accept.acc[2], p.accept.tried[2], p.accept.seen[2] = second * 10.0, 10.0, 10.0   # no tail probe
+        return p
+
+    def steps_to_leave_k1(p: AutoPolicy, limit: int = 200) -> int | None:
+        for i in range(limit):
+            assert p.shadow_len() == 0
+            p.update(1, int(i % 5 != 4), 0.09, 1.11)   # 80% accepted, every pass at its calibrated price
+            if p.next_draft_len() != 1:
+                return i + 1
+        return None
+
+    p = at_k1(0.7)
+    speeds = dict(p.model.speeds(p.accept.estimates(), 3, False))
+    gain = speeds[2] / speeds[1] - 1.0
+    assert 0.0 < gain < p.model.change_needs(2)              # k=2 faster, too little to change within the horizon
+    left = steps_to_leave_k1(p)
+    assert left is not None and left <= 60 and p.next_draft_len() == 2, left
+    assert steps_to_leave_k1(at_k1(0.3)) is None              # k=2 slower: one-token drafts stay
+    monkeypatch.setattr(AutoPolicy, "_repaid", lambda self, speeds, best, optimistic, drafting:
+                        self.model.worth_changing(speeds, self._k, best, optimistic))
+    alone = steps_to_leave_k1(at_k1(0.7))                     # the horizon alone: only once position 2's estimate
+    assert alone is None or alone >= 2 * left, (left, alone)  # drifted up to position 1's (never judged at k=1)
