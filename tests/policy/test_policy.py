@@ -1055,6 +1055,29 @@ def test_a_runs_recorded_calls_replay_into_its_own_choices():
     assert any(at_load != pytest.approx(MTP_SYNTH_H100.verify(n), rel=1e-3) for n, (at_load, _) in sizes.items())
 
 
+def test_recorded_tail_probes_replay_as_the_run_made_them():
+    """A tail probe's recorded call (["shadow", chance or null, seconds] before a drafting step's update) replays as a
+    tail probe: the replay asks shadow_len first, as the engine does (the H200's report at 7beabe5 failed at its first
+    tail probe a rejection had cut short, null)."""
+    import json
+
+    from benchmarks.compare.bench_engine import record_steps
+    from support.policy_sim import MTP_SYNTH_H100, replay_events, walk_session
+
+    policy = make_policy("auto", draft_max=3)
+    steps, events = record_steps(policy)
+    simulate(policy, MTP_SYNTH_H100, 0.0, session=walk_session(("warm",)), seed=0)   # the warm lock: tail probes
+    simulate(policy, MTP_SYNTH_H100, 0.0, session=walk_session(), seed=0)
+    events = json.loads(json.dumps(events))
+    tails = [e for e, after in zip(events, events[1:]) if e[0] == "shadow" and after[0] == "update" and after[1]]
+    assert tails and any(e[1] is None for e in tails)
+    replayed = replay_events(events)
+    assert len(replayed) == sum(c.isdigit() for c in steps)
+    for i, s in enumerate(replayed):
+        last = i + 1 == len(replayed) or replayed[i + 1]["request"] != s["request"]
+        assert s["chosen"] == s["drafted"] or (last and s["drafted"] < s["chosen"]), (i, s)
+
+
 def test_events_says_in_one_line_what_it_cannot_read(tmp_path):
     import json
     import subprocess

@@ -628,7 +628,8 @@ def replay_events(events: list) -> list[dict]:
             policy.new_request()
         elif kind == "held":
             policy.held(event[1])
-        elif kind == "shadow":
+        elif kind == "shadow":   # the engine asked shadow_len before the step: a drafting one's asks a tail probe
+            policy.shadow_len()
             policy.shadow(event[1], event[2])
         elif kind == "update":
             drafted, accepted, draft_seconds, verify_seconds = event[1:5]
