@@ -1261,3 +1261,15 @@ def test_a_faster_k_the_horizon_refuses_is_taken_once_its_gain_has_lasted(monkey
                         self.model.worth_changing(speeds, self._k, best, optimistic))
     alone = steps_to_leave_k1(at_k1(0.7))                     # the horizon alone: only once position 2's estimate
     assert alone is None or alone >= 2 * left, (left, alone)  # drifted up to position 1's (never judged at k=1)
+
+
+def test_the_h200_runs_costs_on_the_files_own_answers_hold_their_floor():
+    """The synthetic MTP file's greedy answers on the costs `auto` measured on the H200 at 7beabe5, where the real run
+    kept one-token drafts from its first request on (0.957 of fixed k=2 cold, 0.970 warm): the simulator reproduces
+    that lock on some of its draws of the load's errors. What it reaches there now is the floor a policy change must
+    keep (deterministic: the seeds fix every draw)."""
+    from support.policy_sim import MTP_SYNTH_H200, walk_cold_and_warm
+
+    cold, warm = walk_cold_and_warm(12, (0.03, 5), MTP_SYNTH_H200)
+    assert np.mean(cold) >= 0.97 and min(cold) >= 0.945, cold
+    assert np.mean(warm) >= 0.97 and min(warm) >= 0.965, warm

@@ -343,18 +343,27 @@ def walk_session(set_names=("code", "prose")) -> list:
     return [(Trace(tuple(r["greedy"])), len(r["greedy"]) - 1) for r in requests if r["set"] in set_names]
 
 
-def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1)) -> tuple[list, list]:
-    """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100): cold, and warm after
-    bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's errors."""
+# the same file on the H200 at 7beabe5, its costs as auto measured them there (h200-auto-suite-summary-at-7beabe5.md):
+# with the load's errors, some seeds keep one-token drafts from the first request on, as the run's three greedy rounds did
+MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7beabe5",
+                         lambda n: (1.0, 1.11, 1.36, 1.59)[min(n, 4) - 1] + 0.23 * max(n - 4, 0), 0.09, 0.01,
+                         switch=(0.44, 0.44), draft_switch=0.05, gpu=True, draft_step=0.027)
+
+
+def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1),
+                       machine: Machine = MTP_SYNTH_H100) -> tuple[list, list]:
+    """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100 unless told): cold, and
+    warm after bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's
+    errors."""
     session, warm_up = walk_session(), walk_session(("warm",))
-    best = max(simulate(FixedPolicy(k), MTP_SYNTH_H100, 0.0, session=session).throughput for k in (1, 2, 3))
+    best = max(simulate(FixedPolicy(k), machine, 0.0, session=session).throughput for k in (1, 2, 3))
     cold, warm = [], []
     for seed in range(seeds):
-        cold.append(simulate(make_policy("auto", draft_max=3), MTP_SYNTH_H100, 0.0, session=session, seed=seed,
+        cold.append(simulate(make_policy("auto", draft_max=3), machine, 0.0, session=session, seed=seed,
                              calibration=calibration).throughput / best)
         policy = make_policy("auto", draft_max=3)
-        simulate(policy, MTP_SYNTH_H100, 0.0, session=warm_up, seed=seed, calibration=calibration)
-        warm.append(simulate(policy, MTP_SYNTH_H100, 0.0, session=session, seed=seed).throughput / best)
+        simulate(policy, machine, 0.0, session=warm_up, seed=seed, calibration=calibration)
+        warm.append(simulate(policy, machine, 0.0, session=session, seed=seed).throughput / best)
     return cold, warm
 
 
@@ -369,6 +378,9 @@ def calibration(seeds: int = 40) -> None:
             cold, warm = walk_cold_and_warm(seeds if noise else 1, (noise, samples))
             print(f"| {noise:.0%} | {samples} | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
                   f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
+    cold, warm = walk_cold_and_warm(seeds, (0.03, 5), MTP_SYNTH_H200)
+    print(f"| 3%, the H200's costs (7beabe5) | 5 | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
+          f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
 
 
 # the synthetic 27B on the H100 at depth: a pass reads the KV cache of its 16 attention layers (4 KV heads of 256, f16:
