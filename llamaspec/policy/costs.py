@@ -417,9 +417,10 @@ class CostModel:
         smallest: a long baseline that timing noise cannot tilt (a concave curve makes it pessimistic);
         `optimistic` takes half its slope: verify cost usually flattens, and the only way to learn that is to try a
         longer draft (the last two points' slope, which this was, is the one noise tilts: on a 2-core CPU at 4K
-        context sizes 3 and 4 timed alike, and a 13-token pass, 5x a plain one there, was priced as 1.7x). With one size measured: a 10% cost per extra token above
-        it, proportional below it. `warm_only`: sizes run only cold (a change of size every step) do not count where
-        a warm one was measured: a cold pass less a median switch cost can overstate a size no later pass corrects.
+        context sizes 3 and 4 timed alike, and a 13-token pass, 5x a plain one there, was priced as 1.7x). With one
+        size measured: a 10% cost per extra token above it, proportional below it. `warm_only`: sizes run only cold
+        (a change of size every step) do not count where a warm one was measured: a cold pass less a median switch
+        cost can overstate a size no later pass corrects.
         The list may run past n_max (one step's decisions ask it several times: it is kept until the next pass)."""
         key = (optimistic, warm_only)
         kept = self._curves.get(key)
