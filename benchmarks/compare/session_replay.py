@@ -50,7 +50,10 @@ and per-request sampling on all:
 - ik_llama.cpp: `--spec-type mtp:n_max=K,p_min=0.0` (or draft:...), --jinja (off by default there),
   --ctx-checkpoints 32, --cache-ram 8192;
 - llamaspec-fixed:K: llamaspec serve again, `--policy fixed --draft-max K`: `auto` (the first llamaspec run) against a
-  fixed draft length on the same turns, e.g. `--server llamaspec,llamaspec-fixed:2,llama-server`.
+  fixed draft length on the same turns, e.g. `--server llamaspec,llamaspec-fixed:2,llama-server`;
+- llamaspec-max:K: llamaspec serve again with its policy (`auto`) and K as its longest draft: the load of
+  llamaspec-fixed:K (on a hybrid the recurrent-state snapshots follow the longest draft) with `auto`'s choices, which
+  tells a policy's cost from its load's.
 Sampling (--sampling): greedy (temperature 0) and qwen (Qwen's recommended T=0.6, top-k 20, top-p 0.95, min-p 0,
 seed 0). A server that fails to start or answers an error ends the run: the message names the server, the session,
 the turn and the server's log tail, and the exit status is 1. Servers are stopped at the end, on Ctrl-C and on
@@ -85,16 +88,24 @@ except ImportError:   # run as a script: its folder is on sys.path
 SERVERS = ("llamaspec", "llama-server", "ik")
 LABELS = {"llamaspec": "llamaspec serve", "llama-server": "llama-server", "ik": "ik_llama.cpp llama-server"}
 FIXED = "llamaspec-fixed:"   # llamaspec serve --policy fixed --draft-max K: `auto` against a fixed length, same run
+CAPPED = "llamaspec-max:"    # llamaspec serve --draft-max K: its policy within a fixed length's load
+OWN = {FIXED: "fixed", CAPPED: "capped"}
 
 
-def fixed_k(name: str) -> int | None:
-    """K of a server named llamaspec-fixed:K, else None."""
-    return int(name[len(FIXED):]) if name.startswith(FIXED) else None
+def own_k(name: str) -> tuple[str, int] | None:
+    """("fixed" or "capped", K) of a server named llamaspec-fixed:K or llamaspec-max:K, else None."""
+    for prefix, kind in OWN.items():
+        if name.startswith(prefix):
+            return kind, int(name[len(prefix):])
+    return None
 
 
 def label(name: str) -> str:
-    k = fixed_k(name)
-    return LABELS[name] if k is None else f"llamaspec serve, fixed k={k}"
+    own = own_k(name)
+    if own is None:
+        return LABELS[name]
+    kind, k = own
+    return f"llamaspec serve, fixed k={k}" if kind == "fixed" else f"llamaspec serve, draft-max {k}"
 SAMPLING = {"greedy": {"temperature": 0.0},
             "qwen": {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "seed": 0}}
 CACHE_RAM_MIB, CTX_CHECKPOINTS = 8192, 32
@@ -399,11 +410,13 @@ def warm_up(port: int, timeout: float) -> None:
 def server_command(name: str, a, setup: Setup, port: int) -> list[str]:
     if name == "llamaspec":
         return llamaspec_cmd(shlex.split(a.llamaspec), setup, port, shlex.split(a.llamaspec_args))
-    if fixed_k(name) is not None:   # the same server and flags, its draft length fixed (lookup's too)
-        k = fixed_k(name)
+    own = own_k(name)
+    if own is not None:   # the same server and flags, its draft length fixed or capped at K (lookup's too)
+        kind, k = own
         length = ["--draft-max", str(k)] if setup.drafter == "lookup" else []
+        policy = ["--policy", "fixed"] if kind == "fixed" else []
         return llamaspec_cmd(shlex.split(a.llamaspec), replace(setup, k=k), port,
-                             ["--policy", "fixed", *length, *shlex.split(a.llamaspec_args)])
+                             [*policy, *length, *shlex.split(a.llamaspec_args)])
     exe = a.llama_server if name == "llama-server" else a.ik_server
     if not exe:
         flag = "--llama-server" if name == "llama-server" else "--ik-server"
@@ -513,7 +526,8 @@ def report(a, setup: Setup, session_list: list, runs: list[Run], hardware: str, 
         lines += ["", "## llamaspec / each peer", "", "Wall time and TTFT: peer's / llamaspec's (above 1: llamaspec "
                   "faster); processed: llamaspec's / peer's (below 1: llamaspec processes less); decode: llamaspec's "
                   "/ peer's; prompt: llamaspec's prompt tok/s / peer's. A fixed-k llamaspec row is its `--policy` "
-                  "(default `auto`) against that fixed length on the same turns.", "",
+                  "(default `auto`) against that fixed length on the same turns; a draft-max row, against itself "
+                  "with that longest draft.", "",
                   "| peer | session | sampling | wall | TTFT | processed | prompt | decode |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in peer_runs:
@@ -539,15 +553,16 @@ def dump(setup: Setup, session_list: list, runs: list[Run], hardware: str, argv:
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
 def names(choices, fixed: bool = False):
-    """A comma-separated list of `choices` (and, with `fixed`, llamaspec-fixed:K for K >= 1)."""
+    """A comma-separated list of `choices` (and, with `fixed`, llamaspec-fixed:K and llamaspec-max:K for K >= 1)."""
     def known(n: str) -> bool:
-        return n in choices or fixed and n.startswith(FIXED) and n[len(FIXED):].isdigit() and int(n[len(FIXED):]) > 0
+        return n in choices or fixed and any(n.startswith(p) and n[len(p):].isdigit() and int(n[len(p):]) > 0
+                                             for p in OWN)
 
     def parse(text: str) -> list[str]:
         got = [n.strip() for n in text.split(",") if n.strip()]
         bad = [n for n in got if not known(n)]
         if bad or not got:
-            listed = ", ".join([*choices, *([f"{FIXED}K (K >= 1)"] if fixed else [])])
+            listed = ", ".join([*choices, *([f"{p}K (K >= 1)" for p in OWN] if fixed else [])])
             raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not one of {listed}")
         return list(dict.fromkeys(got))
     return parse
@@ -563,7 +578,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=3, help="draft length (llamaspec: its longest) [3]")
     p.add_argument("--server", type=names(SERVERS, fixed=True), default=["llamaspec"],
                    help="llamaspec,llama-server,ik; llamaspec-fixed:K runs llamaspec serve again with --policy fixed "
-                        "--draft-max K (its `auto` against a fixed length on the same turns)")
+                        "--draft-max K (its `auto` against a fixed length on the same turns); llamaspec-max:K with "
+                        "--draft-max K and its own policy (that fixed length's load, `auto`'s choices)")
     p.add_argument("--sessions", type=names(tuple(sessions.SESSIONS)), default=list(sessions.SESSIONS))
     p.add_argument("--scale", type=float, default=1.0, help="multiply each session's target size")
     p.add_argument("--target-tokens", type=int, help="each session's target size in tokens (overrides --scale)")

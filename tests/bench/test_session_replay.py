@@ -317,23 +317,29 @@ def test_a_fixed_length_llamaspec_run_replays_beside_auto_and_is_compared_with_i
     own draft length, each its own run, the fixed one in the comparison table; a bad length is refused."""
     args, _ = fake_server
     given = dict(zip(args[::2], args[1::2]))
-    given.update({"--server": "llamaspec,llamaspec-fixed:2", "--llamaspec": given["--llama-server"],
+    given.update({"--server": "llamaspec,llamaspec-fixed:2,llamaspec-max:2", "--llamaspec": given["--llama-server"],
                   "--drafter": "mtp", "--k": "3", "--sessions": "edit-32k"})
     out = tmp_path / "report.md"
     assert replay.main([*itertools.chain(*given.items()), "--out", str(out)]) == 0
     text = out.read_text()
     dump = json.loads(out.with_suffix(".json").read_text())
-    auto, fixed = dump["runs"]
+    auto, fixed, capped = dump["runs"]
     assert auto["server"] == "llamaspec" and fixed["server"] == "llamaspec-fixed:2"
     assert "--draft-max 3" in auto["cmd"] and "--policy" not in auto["cmd"]
     assert "--policy fixed" in fixed["cmd"] and "--draft-max 2" in fixed["cmd"]
+    # llamaspec-max:K: its own policy with the fixed row's load (the longest draft K)
+    assert capped["server"] == "llamaspec-max:2" and "--draft-max 2" in capped["cmd"] and "--policy" not in capped["cmd"]
     assert "## llamaspec serve, fixed k=2: edit-32k, greedy" in text
+    assert "## llamaspec serve, draft-max 2: edit-32k, greedy" in text
     rows = [r for r in text.split("## llamaspec / each peer")[1].splitlines() if r.startswith("| llamaspec serve")]
-    assert len(rows) == 1 and rows[0].startswith("| llamaspec serve, fixed k=2 | edit-32k | greedy |")
-    assert rows[0].endswith("| 1.00x |")    # decode: the fake's 250 tok/s on both
-    with pytest.raises(SystemExit) as stop:
-        replay.main(["--target", given["--target"], "--server", "llamaspec-fixed:0"])
-    assert stop.value.code == 2 and "llamaspec-fixed:K (K >= 1)" in capsys.readouterr().err
+    assert len(rows) == 2 and rows[0].startswith("| llamaspec serve, fixed k=2 | edit-32k | greedy |")
+    assert rows[1].startswith("| llamaspec serve, draft-max 2 | edit-32k | greedy |")
+    assert all(r.endswith("| 1.00x |") for r in rows)    # decode: the fake's 250 tok/s on each
+    for bad in ("llamaspec-fixed:0", "llamaspec-max:x"):
+        with pytest.raises(SystemExit) as stop:
+            replay.main(["--target", given["--target"], "--server", bad])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and "llamaspec-fixed:K (K >= 1)" in err and "llamaspec-max:K (K >= 1)" in err
 
 
 def test_a_fixed_length_run_fixes_prompt_lookups_length_too():
@@ -345,3 +351,5 @@ def test_a_fixed_length_run_fixes_prompt_lookups_length_too():
     assert "--draft-max" not in replay.server_command("llamaspec", a, lookup, 1)
     fixed = replay.server_command("llamaspec-fixed:4", a, lookup, 1)
     assert fixed[fixed.index("--policy") + 1] == "fixed" and fixed[fixed.index("--draft-max") + 1] == "4"
+    capped = replay.server_command("llamaspec-max:4", a, lookup, 1)
+    assert "--policy" not in capped and capped[capped.index("--draft-max") + 1] == "4"
