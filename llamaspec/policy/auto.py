@@ -91,7 +91,7 @@ class AutoPolicy(DraftPolicy):
         self._new_text = False        # a new request's shadow probes, while accepted, need no credit (new_text_probe)
         self._tail_asked = False      # this drafting step asked for a tail probe (shadow_len)
         self._tail: tuple | None = None   # its judgement, (chance or None,), until the update after it
-        self._owed = (0, 0.0)         # a faster k the horizon refused, and what the steps since would have saved at it
+        self._owed = (0, 0, 0.0)      # (k, a faster k the horizon refused, what the steps since would have saved at it)
 
     @property
     def k_start(self) -> int:
@@ -259,23 +259,19 @@ class AutoPolicy(DraftPolicy):
 
     def _repaid(self, speeds: dict, best: int, optimistic: bool, drafting: bool) -> bool:
         """Whether a change to `best` repays its cold passes: within `horizon` steps (worth_changing), or by what the
-        drafted steps since `best` first looked faster would have saved at it (a gain too small for the horizon that
-        lasts: one-token drafts 2.5% slower than two on an H200 kept for three whole requests)."""
-        model = self.model
-        if model.worth_changing(speeds, self._k, best, optimistic):
-            self._owed = (0, 0.0)
+        drafted steps at this k since `best` first looked faster would have saved at it. The second is for a gain too
+        small for the horizon that lasts (one-token drafts 2.5% slower than two on an H200, kept for three requests);
+        the sum starts again whenever the k or the faster k differs from the last decision's."""
+        model, k = self.model, self._k
+        if model.worth_changing(speeds, k, best, optimistic):
             return True
-        if not drafting or self._k not in speeds or best not in speeds:
+        if not drafting or k not in speeds or best not in speeds:
             return False
-        behind, saved = self._owed
-        if behind != best:
-            saved = 0.0
-        saved += model.step_time(self._k, optimistic) * (1.0 - speeds[self._k] / speeds[best])
-        self._owed = (best, saved)
-        if saved < 2 * model.switch_cost:
-            return False
-        self._owed = (0, 0.0)
-        return True
+        at, behind, saved = self._owed
+        saved = (saved if (at, behind) == (k, best) else 0.0) + \
+            model.step_time(k, optimistic) * (1.0 - speeds[k] / speeds[best])
+        self._owed = (k, best, saved)
+        return saved >= 2 * model.switch_cost
 
     def _longest_interval(self) -> int:
         """How far failed probes back off: `max_probe_interval`, or less where a shadow probe costs under half the
@@ -354,7 +350,7 @@ class AutoPolicy(DraftPolicy):
         if best != self._k and (drafting or not self._k) and not self._repaid(speeds, best, optimistic, drafting):
             best = self._k   # drafting, or plain after a shadow probe: a change must repay its cold passes
         elif best == self._k:
-            self._owed = (0, 0.0)
+            self._owed = (0, 0, 0.0)   # no faster k: a lasting gain starts again
         if best and best + 1 != model.last_n and not self._calibrated:   # a size not just run: keep it until it
             self._hold = 2                                                 # runs warm (its costs are unknown)
         if best > 0:
