@@ -19,8 +19,8 @@ DRAFT_COSTS = ("per_token", "per_pass")
 class Costs:
     """What a pair's passes cost on this machine, measured at load (calibration.py), in seconds: the warm target pass
     over n tokens (`verify[n]`), a drafted token (a draft pass, for a "per_pass" drafter), and what the first two
-    passes after a change of batch size took beyond a warm one (`excess`, one entry per pass), and a warm drafting step
-    of k tokens (`drafts[k]`)."""
+    passes after a change of batch size took beyond a warm one (`excess`, one entry per pass: a change's first, then
+    its second, size by size), and a warm drafting step of k tokens (`drafts[k]`)."""
 
     verify: dict = field(default_factory=dict)
     draft: float | None = None

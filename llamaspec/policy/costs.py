@@ -263,7 +263,9 @@ class CostModel:
         self.drafts: dict[int, Timing] = {}          # draft length -> seconds per warm drafting step of that length
         self._draft_line: tuple | None = None        # (t_start, t_token), until a draft is recorded
         self._lengths_timed = False                  # the load timed two or more draft lengths (calibrate)
-        self.excess: deque[float] = deque(maxlen=tuning.recent)  # cold passes beyond the warm time of their size
+        # what the first and the second pass after a change of size took beyond a warm pass of it: two prices, not
+        # one (on a GPU the first runs without a graph and the second captures one, 5 and 13 ms on a 27B hybrid)
+        self.excess = (deque(maxlen=tuning.recent), deque(maxlen=tuning.recent))
         self._switch: float | None = None            # switch_cost, until excess changes
         self.last_n, self.run = 1, 2                 # the last step's batch size, steps of it in a row
         self._curves: dict = {}                      # (optimistic, warm_only) -> verify_curve, until a pass is recorded
@@ -293,14 +295,15 @@ class CostModel:
             # (as timed: the estimate, which a slow pass moves only a little, lags a deeper request's passes, a
             # third dearer on a CPU; a slow pass of another process's making weighs in the slope's error)
             self.depth.warm(n, seconds)
-            if cold.samples and not timing.samples:
-                self.excess.append(cold.value - seconds)
+            if cold.samples and not timing.samples:   # the mean of both kinds of cold pass: a sample of each
+                for kept in self.excess:
+                    kept.append(cold.value - seconds)
                 self._switch = None
             timing.add(seconds, 1.0, self.tuning.decay)
         else:
             if timing.samples:
                 excess = seconds - timing.value
-                self.excess.append(excess)
+                self.excess[min(self.run, 2) - 1].append(excess)
                 self._switch = None
             cold.add(seconds, 1.0, self.tuning.decay)
         return warm, excess
@@ -340,7 +343,11 @@ class CostModel:
                 self.drafts.setdefault(k, Timing()).add(seconds, 1.0, decay)
         self._lengths_timed = len(costs.drafts) >= 2 and not self.per_pass
         self._draft_line = None
-        self.excess.extend(costs.excess[-self.excess.maxlen:])
+        # a change's first pass, then its second, size by size; the first size swept also paid what a process's first
+        # passes pay once (on an H200 232 ms against 4-13 later), and is left out where others were measured
+        pairs = costs.excess[2:] if len(costs.excess) >= 4 else costs.excess
+        for i, kept in enumerate(self.excess):
+            kept.extend(pairs[i::2][-kept.maxlen:])
         self._switch = None
 
     # -- estimates ------------------------------------------------------------------------------------------
@@ -352,9 +359,11 @@ class CostModel:
 
     @property
     def switch_cost(self) -> float:
-        """Seconds a cold pass takes beyond a warm one of its size (median of the recent ones; 0 unmeasured)."""
+        """Seconds a cold pass takes beyond a warm one of its size, the mean of a change's two (the median of the
+        recent first passes and of the recent second ones: 2 x switch_cost is what a change costs; 0 unmeasured)."""
         if self._switch is None:
-            self._switch = max(median(self.excess), 0.0) if self.excess else 0.0
+            prices = [max(median(kept), 0.0) for kept in self.excess if kept]
+            self._switch = sum(prices) / len(prices) if prices else 0.0
         return self._switch
 
     def draft_units(self, k: int) -> int:

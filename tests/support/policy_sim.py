@@ -344,10 +344,12 @@ def walk_session(set_names=("code", "prose")) -> list:
 
 
 # the same file on the H200 at 7beabe5, its costs as auto measured them there (h200-auto-suite-summary-at-7beabe5.md):
-# with the load's errors, some seeds keep one-token drafts from the first request on, as the run's greedy rounds did
+# with the load's errors, some seeds keep one-token drafts from the first request on, as the run's greedy rounds did.
+# A change of batch size cost 5 ms on its first pass (llama.cpp runs it without a CUDA graph) and 13 on its second (it
+# captures one) over 11.2 ms plain passes: the run's cold passes, `policy_sim.py --events` on its report
 MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7beabe5",
                          lambda n: (1.0, 1.11, 1.36, 1.59)[min(n, 4) - 1] + 0.23 * max(n - 4, 0), 0.09, 0.01,
-                         switch=(0.44, 0.44), draft_switch=0.05, gpu=True, draft_step=0.027)
+                         switch=(0.45, 1.16), draft_switch=0.05, gpu=True, draft_step=0.027)
 
 
 def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1),
