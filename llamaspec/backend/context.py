@@ -132,7 +132,7 @@ class Context(DeviceSampling, NativeHandle):
     def hidden_rows(self, n: int) -> np.ndarray:
         """(n, n_embd) zero-copy view of the hidden states of the last decode's first n tokens (enable_hidden_rows
         first); valid until the next decode."""
-        ptr = nextn_functions()[0].llama_get_embeddings_nextn(self._ptr)   # waits for the device
+        ptr = nextn_functions()[0].llama_get_embeddings_nextn(self._ptr)   # waits for the device (on_decode: done)
         if not ptr:
             raise DecodeError("llama.cpp returned no hidden states for the last decode")
         address = ctypes.cast(ptr, ctypes.c_void_p).value
@@ -253,6 +253,10 @@ class Context(DeviceSampling, NativeHandle):
             self._batch.n_tokens = m
             sync = None if not last_chunk or logits == "none" else \
                 llama_cpp.llama_get_logits if self._chain is None else llama_cpp.llama_synchronize
+            if sync is None and self.on_decode is not None:
+                # a follower reads this decode's rows at once, which waits for the device: the wait is the decode's
+                # (untimed, on an H100 137 us a pass of the 27B's verification counted as Python's)
+                sync = llama_cpp.llama_synchronize
             ptr = self._timed_decode(self._batch, m, sync)
             self.tokens.extend(chunk.tolist())
             if self.on_decode is not None:

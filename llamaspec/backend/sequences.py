@@ -328,7 +328,9 @@ class SharedContext(Context):
             start = end
         b.n_tokens = n
         # reading the logits, or where every row is sampled on the device waiting for it, ends the timed span
-        sync = llama_cpp.llama_get_logits if raw else llama_cpp.llama_synchronize if n_out else None
+        # (or where a follower reads the batch's rows at once: backend/context.py's _decode_chunks)
+        sync = llama_cpp.llama_get_logits if raw else \
+            llama_cpp.llama_synchronize if n_out or self.on_runs is not None else None
         ptr = self._timed_decode(b, n, sync, undo=lambda: self._undo_runs(runs), what="a shared batch of {n} tokens")
         if self.on_runs is not None:
             self.on_runs(runs)
