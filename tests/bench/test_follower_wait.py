@@ -1,0 +1,26 @@
+"""benchmarks/probes/follower_wait.py: the wait a follower's read of a target pass pays, split from the read."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "follower_wait.py"
+
+
+def test_it_counts_every_hidden_state_read_of_an_mtp_run_and_splits_its_wait(tmp_path):
+    from benchmarks.synthetic import synth_mtp
+
+    model = tmp_path / "tiny-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    done = subprocess.run([sys.executable, str(PROBE), "--target", str(model), "--drafter", "mtp", "--modes", "fixed",
+                           "--k", "2", "--regimes", "greedy", "--peers", "", "--tokens", "8", "--per-set", "1",
+                           "--no-repack", "--threads", "2"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, LLAMASPEC_NO_REPACK="1"))
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"hidden-state reads: (\d+); llama_synchronize ([\d.]+) us each, the getter after it ([\d.]+) us",
+                      done.stdout)
+    assert found and int(found.group(1)) > 0, done.stdout[-2000:]
+    assert "llamaspec fixed k=2" in done.stdout   # bench_engine's own report ran through it
