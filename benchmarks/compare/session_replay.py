@@ -106,6 +106,8 @@ def label(name: str) -> str:
         return LABELS[name]
     kind, k = own
     return f"llamaspec serve, fixed k={k}" if kind == "fixed" else f"llamaspec serve, draft-max {k}"
+
+
 SAMPLING = {"greedy": {"temperature": 0.0},
             "qwen": {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "seed": 0}}
 CACHE_RAM_MIB, CTX_CHECKPOINTS = 8192, 32

@@ -6,7 +6,7 @@ time the Python share must not count (0d85908 moved it into the decode's timed s
     python benchmarks/probes/follower_wait.py --target T-with-MTP.gguf --drafter mtp --modes fixed --k 2 \\
         --regimes greedy,filters --peers '' --tokens 128
 
-Every argument goes to bench_engine; the split's totals print at exit. Measured on an H100 before 0d85908 (the
+Every argument goes to bench_engine; the split's totals print at exit (where any read ran). Measured on an H100 before 0d85908 (the
 synthetic 27B hybrid, fixed k=2): 3103 reads, llama_synchronize 137.3 us each, the getter after it 20.2 us.
 """
 from __future__ import annotations
@@ -38,7 +38,9 @@ def hidden_rows(self, n):
 
 
 def report() -> None:
-    n = max(totals["n"], 1)
+    n = totals["n"]
+    if not n:   # bench_engine stopped before a decode (its own error said why) or no drafter followed the target
+        return
     print(f"hidden-state reads: {totals['n']}; llama_synchronize {1e6 * totals['sync'] / n:.1f} us each, "
           f"the getter after it {1e6 * totals['get'] / n:.1f} us")
 

@@ -303,7 +303,7 @@ class CostModel:
         else:
             if timing.samples:
                 excess = seconds - timing.value
-                self.excess[min(self.run, 2) - 1].append(excess)
+                self.excess[self.run - 1].append(excess)   # not warm: the first or the second pass of its size
                 self._switch = None
             cold.add(seconds, 1.0, self.tuning.decay)
         return warm, excess
@@ -345,9 +345,9 @@ class CostModel:
         self._draft_line = None
         # a change's first pass, then its second, size by size; the first size swept also paid what a process's first
         # passes pay once (on an H200 232 ms against 4-13 later), and is left out where others were measured
-        pairs = costs.excess[2:] if len(costs.excess) >= 4 else costs.excess
+        passes = costs.excess[2:] if len(costs.excess) >= 4 else costs.excess
         for i, kept in enumerate(self.excess):
-            kept.extend(pairs[i::2][-kept.maxlen:])
+            kept.extend(passes[i::2][-kept.maxlen:])
         self._switch = None
 
     # -- estimates ------------------------------------------------------------------------------------------
