@@ -20,6 +20,7 @@ Units, each in every regime asked for:
 - mixed-mtp: the same file with agreement 0.95, 0.7, 0.4, 0.1 in runs of 2048 tokens, bench_engine's mixed session
 - uniform-pair, mixed-pair: `synth_pair.py --preset 32b` (Qwen2.5-32B's shapes and a 2-block draft), 0.7 and the
   same runs as the MTP file (--seed 4: the five requests meet about 95, 11, 68, 91 and 34%), k=1,2,3,5,8
+- useless-pair: the pair with a draft that agrees 4% of the time (a draft `auto` should stop using), k=1
 - parallel-mtp: bench_parallel, four streams of the MTP file at k=2, against llama-server -np 4; in the sampled
   regimes once more with the batch engine's sampling chains (`-chains`: LLAMASPEC_BATCH_DEVICE_SAMPLING=1)
 """
@@ -71,6 +72,7 @@ def model_files(preset: str, vocab_dir: Path) -> dict[str, ModelFile]:
              ModelFile("mtpmix.gguf", "synth_mtp.py",
                        ["--preset", mtp, "--agree", RUNS, "--agree-run", "2048", "--vocab", qwen35]),
              ModelFile("pair", "synth_pair.py", ["--preset", pair, "--agree", "0.7", "--vocab", qwen2]),
+             ModelFile("pair04", "synth_pair.py", ["--preset", pair, "--agree", "0.04", "--vocab", qwen2]),
              ModelFile("pairmix", "synth_pair.py",
                        ["--preset", pair, "--agree", RUNS, "--agree-run", "2048", "--vocab", qwen2, "--seed", "4"])]
     return {f.name: f for f in files}
@@ -83,13 +85,14 @@ def units(regimes: list[str], tokens: int, peers: str, tools: list[str], extra: 
     engine = ["benchmarks/compare/bench_engine.py", *ENGINE, "--tokens", str(tokens), "--peers", peers, *tools, *extra]
     uniform, mixed = ["--prompts", "code,prose", "--per-set", "2"], ["--workload", "mixed"]
     mtp = lambda f: ["--target", f"{{models}}/{f}", "--drafter", "mtp", "--k", "1,2,3"]   # noqa: E731
-    pair = lambda d: ["--target", f"{{models}}/{d}/target.gguf", "--draft", f"{{models}}/{d}/draft.gguf",  # noqa: E731
-                      "--k", "1,2,3,5,8"]
+    pair = lambda d, k="1,2,3,5,8": ["--target", f"{{models}}/{d}/target.gguf",  # noqa: E731
+                                     "--draft", f"{{models}}/{d}/draft.gguf", "--k", k]
     out = []
     for unit, model, args in (("uniform-mtp", "mtp.gguf", [*uniform, *mtp("mtp.gguf")]),
                               ("parallel-mtp", "mtp.gguf", None),
                               ("mixed-mtp", "mtpmix.gguf", [*mixed, *mtp("mtpmix.gguf")]),
                               ("uniform-pair", "pair", [*uniform, *pair("pair")]),
+                              ("useless-pair", "pair04", [*uniform, *pair("pair04", "1")]),
                               ("mixed-pair", "pairmix", [*mixed, *pair("pairmix")])):
         for regime in regimes:
             if args is not None:

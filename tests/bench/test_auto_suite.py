@@ -34,19 +34,20 @@ def test_every_model_file_is_written_once_before_its_units_and_removed_after_the
     assert run.returncode == 0, run.stderr
     lines = [line for line in run.stdout.splitlines() if line.startswith(("$", "#"))]
     writes = [i for i, line in enumerate(lines) if "benchmarks/synthetic/" in line]
-    assert len(writes) == 4, lines                                  # mtp, mtpmix, pair, pairmix: once each
+    assert len(writes) == 5, lines                          # mtp, mtpmix, pair, pair04, pairmix: once each
     removals = [i for i, line in enumerate(lines) if line.startswith("# ") and "removed" in line]
-    assert len(removals) == 4
+    assert len(removals) == 5
     for w, r in zip(writes, removals):
         assert w < r
         between = lines[w + 1:r]
         assert between and all(line.startswith("$") for line in between)   # its units only, then it goes
     engine = [line for line in lines if "bench_engine.py" in line]
     parallel = [line for line in lines if "bench_parallel.py" in line]
-    assert len(engine) == 4 * 3 and len(parallel) == 5                 # 4 bench_engine units x 3 regimes
+    assert len(engine) == 5 * 3 and len(parallel) == 5                 # 5 bench_engine units x 3 regimes
     assert sum("LLAMASPEC_BATCH_DEVICE_SAMPLING=1" in line for line in parallel) == 2   # the sampled regimes
     assert all("--json" in line and "--out" in line for line in engine)
-    assert all("--k 1,2,3,5,8" in line for line in engine if "--draft " in line)
+    assert all("--k 1,2,3,5,8" in line for line in engine if "--draft " in line and "pair04" not in line)
+    assert sum("pair04/draft.gguf --k 1 " in line for line in engine) == 3     # the useless draft: k=1 only
     assert all("--drafter mtp --k 1,2,3" in line for line in engine if "--draft " not in line)
 
 
