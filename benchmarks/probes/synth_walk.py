@@ -9,6 +9,9 @@ bench_engine's uniform requests (code, prose), the warm-up request of its +warm 
 
     python benchmarks/probes/synth_walk.py --vocab ggml-vocab-qwen35.gguf [--preset 27b] [--agree 0.7]
         [--agree-run 1024] [--seed 0] [--tokens 128] [--per-set 2] [--out FILE.json]
+    python benchmarks/probes/synth_walk.py --pair --vocab ggml-vocab-qwen2.gguf --preset 32b ...
+
+--pair: a synthetic pair's (benchmarks/synthetic/synth_pair.py: its draft is wrong on the same kind of set D).
 
 Give it the arguments the file was written with. It prints the tokens a pass each fixed k=1..4 makes on the
 uniform requests (bench_engine --prompts code,prose --per-set N), which a run's fixed rows can be checked against.
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.compare.bench_engine import CODE, MIXED, PROSE, WARM_PROMPT
-from benchmarks.synthetic import synth_mtp
+from benchmarks.synthetic import synth_mtp, synth_pair
 
 
 def walk(vocab: synth_mtp.Vocabulary, last: int, n: int) -> list[float]:
@@ -53,7 +56,9 @@ def tokens_a_pass(traces: list[list[float]], k: int, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=Path, required=True, help="the vocab-only GGUF the file took its tokenizer from")
-    ap.add_argument("--preset", choices=sorted(synth_mtp.PRESETS), default="27b")
+    ap.add_argument("--pair", action="store_true", help="the file is synth_pair.py's (its presets: 32b, tiny)")
+    ap.add_argument("--preset", choices=sorted({*synth_mtp.PRESETS, *synth_pair.PRESETS}), default=None,
+                    help="[27b; with --pair 32b]")
     synth_mtp.add_agree_args(ap, "the MTP head")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=128)
@@ -69,8 +74,15 @@ def main() -> None:
     import llama_cpp
 
     rates = synth_mtp.agree_rates(ap, a)
-    tokenizer = synth_mtp.Tokenizer(a.vocab, synth_mtp.PRESETS[a.preset]["n_vocab"], None)
-    vocab = synth_mtp.Vocabulary(tokenizer.n_vocab, synth_mtp.PRESETS[a.preset]["n_embd"],
+    presets = synth_pair.PRESETS if a.pair else synth_mtp.PRESETS
+    a.preset = a.preset or ("32b" if a.pair else "27b")
+    if a.preset not in presets:
+        ap.error(f"--preset: {'synth_pair' if a.pair else 'synth_mtp'}.py has {', '.join(sorted(presets))}")
+    n_vocab = presets[a.preset]["n_vocab"]
+    if a.pair:   # a pair pads a real vocabulary as its 32b preset does, whatever the preset (synth_pair.main)
+        n_vocab = max(n_vocab, synth_pair.PRESETS["32b"]["n_vocab"])
+    tokenizer = synth_mtp.Tokenizer(a.vocab, n_vocab, None)
+    vocab = synth_mtp.Vocabulary(tokenizer.n_vocab, presets[a.preset]["n_embd"],
                                  rates[0] if len(rates) == 1 else rates, a.seed, tokenizer.good, run=a.agree_run)
     model = llama_cpp.Llama(str(a.vocab), vocab_only=True, verbose=False)
     requests = []
@@ -82,8 +94,9 @@ def main() -> None:
             last = model.tokenize(prompt.encode(), add_bos=False, special=True)[-1]
             requests.append({"set": name, "prompt": prompt, "greedy": walk(vocab, last, n)})
     uniform = [r["greedy"] for r in requests if r["set"] in ("code", "prose")]
-    print(f"head agreement {vocab.agreement:.3f}; fixed k's tokens a pass on the {len(uniform)} uniform requests: "
-          + ", ".join(f"k={k} {tokens_a_pass(uniform, k, a.tokens):.2f}" for k in range(1, 5)), file=sys.stderr)
+    print(f"{'draft' if a.pair else 'head'} agreement {vocab.agreement:.3f}; fixed k's tokens a pass on the "
+          f"{len(uniform)} uniform requests: "
+          + ", ".join(f"k={k} {tokens_a_pass(uniform, k, a.tokens):.2f}" for k in (1, 2, 3, 4, 5, 8)), file=sys.stderr)
     text = json.dumps({"file": vars(a) | {"vocab": a.vocab.name, "out": None}, "requests": requests})
     if a.out:
         a.out.write_text(text + "\n")

@@ -1299,3 +1299,23 @@ def test_the_h200_runs_costs_on_the_files_own_answers_hold_their_floor():
     cold, warm = walk_cold_and_warm(12, (0.03, 5), MTP_SYNTH_H200)
     assert np.mean(cold) >= 0.975 and min(cold) >= 0.945, cold
     assert np.mean(warm) >= 0.985 and min(warm) >= 0.96, warm
+
+
+def test_the_pair_s_own_answers_give_the_fixed_rows_the_run_measured_and_auto_holds_its_floor():
+    """The suite's synthetic 32B pair on the H100 at 6e2e194 (policy_sim.PAIR_SYNTH_H100, its fixed rows' costs, on
+    the pair's own greedy answers: synth_walk.py --pair). Fixed k draft what the run's fixed rows drafted (918, 1410,
+    1839, 2643, 3831 over three rounds) at the speeds it measured relative to k=2 (0.962, 0.971, 0.887, 0.896 there);
+    what `auto` reaches with the load's errors drawn at 3% a pass is the floor a policy change must keep. The run made
+    it 0.955 cold and 0.952 warm: one round in three kept one-token drafts from the first request's start, position 2
+    judged on the few early steps where the text made it poor; the simulator's worst draws do the same."""
+    from support.policy_sim import PAIR_SYNTH_H100, PAIR_WALK_FILE, walk_cold_and_warm, walk_session
+
+    session = walk_session(path=PAIR_WALK_FILE)
+    assert [n for _, n in session] == [128] * 4
+    runs = {k: simulate(FixedPolicy(k), PAIR_SYNTH_H100, 0.0, session=session) for k in (1, 2, 3, 5, 8)}
+    assert [3 * runs[k].drafted for k in (1, 2, 3, 5, 8)] == [918, 1410, 1839, 2643, 3831]
+    for k, measured in ((1, 0.962), (3, 0.971), (5, 0.887), (8, 0.896)):
+        assert runs[k].throughput / runs[2].throughput == pytest.approx(measured, abs=0.015), k
+    cold, warm = walk_cold_and_warm(12, (0.03, 5), PAIR_SYNTH_H100, pair=True)
+    assert np.mean(cold) >= 0.975 and min(cold) >= 0.94, cold
+    assert np.mean(warm) >= 0.955 and min(warm) >= 0.935, warm

@@ -337,9 +337,10 @@ MTP_SYNTH_H100 = Machine("h100 synthetic 27B + 70% MTP head, fixed rows", lambda
 WALK_FILE = Path(__file__).with_name("synth_mtp27b_walk.json")
 
 
-def walk_session(set_names=("code", "prose")) -> list:
-    """The synthetic MTP file's greedy answers as a session, (Trace, the answer's length) each."""
-    requests = json.loads(WALK_FILE.read_text())["requests"]
+def walk_session(set_names=("code", "prose"), path: Path = WALK_FILE) -> list:
+    """The synthetic MTP file's greedy answers (or `path`'s: PAIR_WALK_FILE) as a session, (Trace, the answer's
+    length) each."""
+    requests = json.loads(path.read_text())["requests"]
     return [(Trace(tuple(r["greedy"])), len(r["greedy"]) - 1) for r in requests if r["set"] in set_names]
 
 
@@ -352,18 +353,34 @@ MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7be
                          switch=(0.45, 1.16), draft_switch=0.05, gpu=True, draft_step=0.027)
 
 
-def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1),
-                       machine: Machine = MTP_SYNTH_H100) -> tuple[list, list]:
-    """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100 unless told): cold, and
-    warm after bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's
-    errors."""
-    session, warm_up = walk_session(), walk_session(("warm",))
-    best = max(simulate(FixedPolicy(k), machine, 0.0, session=session).throughput for k in (1, 2, 3))
+# The auto suite's synthetic 32B pair (agreement 0.7) on an H100 at 6e2e194 (results/h100-auto-suite-uniform-pair-greedy-
+# at-6e2e194.md), its costs from the fixed rows: verification passes of k + 1 = 2, 3, 4, 6, 9 tokens 13.33, 16.17,
+# 19.04, 23.43, 23.84 ms against a plain pass's 12.32 (llama.cpp's kernels make 9 tokens cost about 6); a drafting step
+# 1.14 ms at k=1 to 5.2 at k=8 (0.045 of a pass and 0.048 a token). The pair's greedy answers are its own walk
+# (synth_walk.py --pair -> synth_pair32b_walk.json): fixed k drafted exactly what the run's fixed rows drafted, and
+# this machine makes k=1, 3, 5, 8 0.957, 0.966, 0.885, 0.883 of k=2 where the run measured 0.962, 0.971, 0.887, 0.896.
+# The run made `auto` 0.955 of k=2 cold and 0.952 warm (three rounds): one round in three held one-token drafts from
+# the first request's start to the end, position 2 judged on a few early steps that the text made poor.
+V32_PAIR_H100 = [1.0, 1.082, 1.3125, 1.545, 1.72, 1.902, 1.916, 1.924, 1.935]
+PAIR_SYNTH_H100 = Machine("h100 synthetic 32B + 70% draft, fixed rows",
+                          lambda n: V32_PAIR_H100[min(n, 9) - 1] + 0.01 * max(n - 9, 0), 0.048, 0.01,
+                          switch=(0.55, 0.55), draft_switch=0.05, gpu=True, draft_step=0.045)
+PAIR_WALK_FILE = Path(__file__).with_name("synth_pair32b_walk.json")
+
+
+def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1), machine: Machine = MTP_SYNTH_H100,
+                       pair: bool = False) -> tuple[list, list]:
+    """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100 unless told; with
+    `pair` the synthetic pair's, k up to 12 against fixed 1, 2, 3, 5, 8 as the suite runs them): cold, and warm after
+    bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's errors."""
+    path, ks, k_max = (PAIR_WALK_FILE, (1, 2, 3, 5, 8), 12) if pair else (WALK_FILE, (1, 2, 3), 3)
+    session, warm_up = walk_session(path=path), walk_session(("warm",), path)
+    best = max(simulate(FixedPolicy(k), machine, 0.0, session=session).throughput for k in ks)
     cold, warm = [], []
     for seed in range(seeds):
-        cold.append(simulate(make_policy("auto", draft_max=3), machine, 0.0, session=session, seed=seed,
+        cold.append(simulate(make_policy("auto", draft_max=k_max), machine, 0.0, session=session, seed=seed,
                              calibration=calibration).throughput / best)
-        policy = make_policy("auto", draft_max=3)
+        policy = make_policy("auto", draft_max=k_max)
         simulate(policy, machine, 0.0, session=warm_up, seed=seed, calibration=calibration)
         warm.append(simulate(policy, machine, 0.0, session=session, seed=seed).throughput / best)
     return cold, warm
@@ -383,6 +400,9 @@ def calibration(seeds: int = 40) -> None:
     cold, warm = walk_cold_and_warm(seeds, (0.03, 5), MTP_SYNTH_H200)
     print(f"| 3%, the H200's costs (7beabe5) | 5 | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
           f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
+    cold, warm = walk_cold_and_warm(seeds, (0.03, 5), PAIR_SYNTH_H100, pair=True)
+    print(f"| 3%, the 32B pair's answers on the H100's costs (6e2e194) | 5 | {sum(cold) / len(cold):.3f} "
+          f"[{min(cold):.3f}] | {sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
 
 
 # the synthetic 27B on the H100 at depth: a pass reads the KV cache of its 16 attention layers (4 KV heads of 256, f16:
