@@ -1302,7 +1302,7 @@ def test_the_h200_runs_costs_on_the_files_own_answers_hold_their_floor():
 
 
 def test_the_pair_s_own_answers_give_the_fixed_rows_the_run_measured_and_auto_holds_its_floor():
-    """The suite's synthetic 32B pair on the H100 at 6e2e194 (policy_sim.PAIR_SYNTH_H100, its fixed rows' costs, on
+    """The suite's synthetic 32B pair on the H100 at f19e918 (policy_sim.PAIR_SYNTH_H100, its fixed rows' costs, on
     the pair's own greedy answers: synth_walk.py --pair). Fixed k draft what the run's fixed rows drafted (918, 1410,
     1839, 2643, 3831 over three rounds) at the speeds it measured relative to k=2 (0.962, 0.971, 0.887, 0.896 there);
     what `auto` reaches with the load's errors drawn at 3% a pass is the floor a policy change must keep. The run made

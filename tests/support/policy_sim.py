@@ -353,8 +353,8 @@ MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7be
                          switch=(0.45, 1.16), draft_switch=0.05, gpu=True, draft_step=0.027)
 
 
-# The auto suite's synthetic 32B pair (agreement 0.7) on an H100 at 6e2e194 (results/h100-auto-suite-uniform-pair-greedy-
-# at-6e2e194.md), its costs from the fixed rows: verification passes of k + 1 = 2, 3, 4, 6, 9 tokens 13.33, 16.17,
+# The auto suite's synthetic 32B pair (agreement 0.7) on an H100 at f19e918 (results/h100-auto-suite-uniform-pair-greedy-
+# at-f19e918.md), its costs from the fixed rows: verification passes of k + 1 = 2, 3, 4, 6, 9 tokens 13.33, 16.17,
 # 19.04, 23.43, 23.84 ms against a plain pass's 12.32 (llama.cpp's kernels make 9 tokens cost about 6); a drafting step
 # 1.14 ms at k=1 to 5.2 at k=8 (0.045 of a pass and 0.048 a token). The pair's greedy answers are its own walk
 # (synth_walk.py --pair -> synth_pair32b_walk.json): fixed k drafted exactly what the run's fixed rows drafted, and
@@ -401,7 +401,7 @@ def calibration(seeds: int = 40) -> None:
     print(f"| 3%, the H200's costs (7beabe5) | 5 | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
           f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
     cold, warm = walk_cold_and_warm(seeds, (0.03, 5), PAIR_SYNTH_H100, pair=True)
-    print(f"| 3%, the 32B pair's answers on the H100's costs (6e2e194) | 5 | {sum(cold) / len(cold):.3f} "
+    print(f"| 3%, the 32B pair's answers on the H100's costs (f19e918) | 5 | {sum(cold) / len(cold):.3f} "
           f"[{min(cold):.3f}] | {sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
 
 
