@@ -19,42 +19,37 @@ from llamaspec.policy import FixedPolicy
 TOKENS = 40
 
 
-@pytest.fixture(scope="module")
-def walked(tmp_path_factory):
-    vocab = find_vocab_file("ggml-vocab-qwen35.gguf")
+def write_and_walk(tmp_path_factory, vocab_name: str, script, output: str, pair: bool = False) -> tuple:
+    """A tiny synthetic file (agreement 0.6) written by `script` as `output`, and its walk: (the path, its requests,
+    what synth_walk said)."""
+    vocab = find_vocab_file(vocab_name)
     if vocab is None:
-        pytest.skip("llama.cpp's ggml-vocab-qwen35.gguf unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC, "
-                    "or allow pip to download the llama-cpp-python sdist)")
-    d = tmp_path_factory.mktemp("walk")
-    model = d / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny", "--agree", "0.6",
+        pytest.skip(f"llama.cpp's {vocab_name} unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC, or allow "
+                    "pip to download the llama-cpp-python sdist)")
+    path = tmp_path_factory.mktemp("walk") / output
+    made = subprocess.run([sys.executable, script.__file__, str(path), "--preset", "tiny", "--agree", "0.6",
                            "--vocab", str(vocab)], capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr
-    out = d / "walk.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.probes.synth_walk", "--vocab", str(vocab), "--preset",
-                           "tiny", "--agree", "0.6", "--tokens", str(TOKENS), "--per-set", "1", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks.probes.synth_walk", *(["--pair"] if pair else []),
+                           "--vocab", str(vocab), "--preset", "tiny", "--agree", "0.6", "--tokens", str(TOKENS),
+                           "--per-set", "1", "--out", str(path.parent / "walk.json")],
                           capture_output=True, text=True, timeout=300, cwd=Path(synth_walk.__file__).parents[2])
     assert done.returncode == 0, done.stderr
     assert "fixed k's tokens a pass on the 2 uniform requests: k=1 " in done.stderr
-    return model, json.loads(out.read_text())["requests"]
+    return path, json.loads((path.parent / "walk.json").read_text())["requests"], done.stderr
+
+
+@pytest.fixture(scope="module")
+def walked(tmp_path_factory):
+    model, requests, _ = write_and_walk(tmp_path_factory, "ggml-vocab-qwen35.gguf", synth_mtp, "tiny-mtp.gguf")
+    return model, requests
 
 
 @pytest.fixture(scope="module")
 def walked_pair(tmp_path_factory):
-    vocab = find_vocab_file("ggml-vocab-qwen2.gguf")
-    if vocab is None:
-        pytest.skip("llama.cpp's ggml-vocab-qwen2.gguf unavailable (set LLAMASPEC_VOCAB_DIR or LLAMASPEC_LLAMA_SRC, "
-                    "or allow pip to download the llama-cpp-python sdist)")
-    d = tmp_path_factory.mktemp("walk-pair")
-    made = subprocess.run([sys.executable, synth_pair.__file__, str(d / "pair"), "--preset", "tiny", "--agree", "0.6",
-                           "--vocab", str(vocab)], capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stderr
-    done = subprocess.run([sys.executable, "-m", "benchmarks.probes.synth_walk", "--pair", "--vocab", str(vocab),
-                           "--preset", "tiny", "--agree", "0.6", "--tokens", str(TOKENS), "--per-set", "1"],
-                          capture_output=True, text=True, timeout=300, cwd=Path(synth_walk.__file__).parents[2])
-    assert done.returncode == 0, done.stderr
-    assert "draft agreement 0.599" in done.stderr   # the tiny vocabulary's share of 0.6 (seed 0)
-    return d / "pair", json.loads(done.stdout)["requests"]
+    folder, requests, said = write_and_walk(tmp_path_factory, "ggml-vocab-qwen2.gguf", synth_pair, "pair", pair=True)
+    assert "draft agreement 0.599" in said   # the tiny vocabulary's share of 0.6 (seed 0)
+    return folder, requests
 
 
 def check_fixed_lengths(requests: list, **load) -> None:
