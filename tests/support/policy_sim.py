@@ -353,14 +353,14 @@ MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7be
                          switch=(0.45, 1.16), draft_switch=0.05, gpu=True, draft_step=0.027)
 
 
-# The auto suite's synthetic 32B pair (agreement 0.7) on an H100 at f19e918 (results/h100-auto-suite-uniform-pair-greedy-
-# at-f19e918.md), its costs from the fixed rows: verification passes of k + 1 = 2, 3, 4, 6, 9 tokens 13.33, 16.17,
-# 19.04, 23.43, 23.84 ms against a plain pass's 12.32 (llama.cpp's kernels make 9 tokens cost about 6); a drafting step
-# 1.14 ms at k=1 to 5.2 at k=8 (0.045 of a pass and 0.048 a token). The pair's greedy answers are its own walk
-# (synth_walk.py --pair -> synth_pair32b_walk.json): fixed k drafted exactly what the run's fixed rows drafted, and
-# this machine makes k=1, 3, 5, 8 0.957, 0.966, 0.885, 0.883 of k=2 where the run measured 0.962, 0.971, 0.887, 0.896.
-# The run made `auto` 0.955 of k=2 cold and 0.952 warm (three rounds): one round in three held one-token drafts from
-# the first request's start to the end, position 2 judged on a few early steps that the text made poor.
+# The auto suite's synthetic 32B pair (agreement 0.7) on an H100 at f19e918 (results/h100-auto-suite-uniform-pair-
+# greedy-at-f19e918.md), its costs from the fixed rows: verification passes of k + 1 = 2, 3, 4, 6, 9 tokens 13.33,
+# 16.17, 19.04, 23.43, 23.84 ms against a plain pass's 12.32 (llama.cpp's kernels make 9 tokens cost about 6); a
+# drafting step 1.14 ms at k=1 to 5.2 at k=8 (0.045 of a pass and 0.048 a token). The pair's greedy answers are its
+# own walk (synth_walk.py --pair -> synth_pair32b_walk.json): fixed k drafted exactly what the run's fixed rows drafted,
+# and this machine makes k=1, 3, 5, 8 0.957, 0.966, 0.885, 0.883 of k=2 where the run measured 0.962, 0.971, 0.887,
+# 0.896. The run made `auto` 0.955 of k=2 cold and 0.952 warm (three rounds): one round in three held one-token drafts
+# from the first request's start to the end, position 2 judged on a few early steps that the text made poor.
 V32_PAIR_H100 = [1.0, 1.082, 1.3125, 1.545, 1.72, 1.902, 1.916, 1.924, 1.935]
 PAIR_SYNTH_H100 = Machine("h100 synthetic 32B + 70% draft, fixed rows",
                           lambda n: V32_PAIR_H100[min(n, 9) - 1] + 0.01 * max(n - 9, 0), 0.048, 0.01,
