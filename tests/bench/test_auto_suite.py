@@ -102,7 +102,14 @@ def test_the_summary_puts_auto_against_the_best_fixed_k_and_each_peers_best(tmp_
     ]))
     (tmp_path / "uniform-mtp-greedy.json").write_text(json.dumps([
         row("llamaspec", "plain", 80.0), row("llamaspec", "fixed k=2", 125.0), row("llamaspec", "auto", 100.0)]))
+    (tmp_path / "useless-pair-greedy.json").write_text(json.dumps([
+        row("llamaspec", "plain", 80.0), row("llamaspec", "fixed k=1", 72.0), row("llamaspec", "auto", 78.0),
+        row("llama-server", "k=1", 61.0)]))
     lines = auto_suite.summary_rows(tmp_path)
+    useless = next(line for line in lines if line.startswith("| useless-pair-greedy"))
+    cells = [c.strip() for c in useless.strip("|").split("|")]
+    assert cells[2] == "80.00 (plain)" and cells[5] == f"{78 / 80:.3f}, -"   # where no draft pays, plain is k=0
+    assert cells[7] == "61.00 (k=1)" and cells[8] == "-"     # the peers drafted there: no ratio to a slower peer
     mixed = next(line for line in lines if line.startswith("| mixed-mtp-greedy"))
     cells = [c.strip() for c in mixed.strip("|").split("|")]
     assert cells[2] == "100.00 (fixed k=1)"
