@@ -16,9 +16,11 @@ greedy (T=0); filters: llama.cpp's defaults at --temp (top-k 40, top-p 0.95, min
 distribution, temperature last; llamaspec with sampler_order="llama.cpp"); temp: temperature only (the peers get
 --top-k 0 --top-p 1 --min-p 0). Each llamaspec mode runs every prompt once after one warm-up generation (`--rounds N`:
 N times, every mode once a round, each with a fresh policy, so that a mode's spread between rounds shows what one row
-of it can tell); the pair is closed before the peers run. The report says where llamaspec's filters ran (on the
-device or in numpy). With --drafter mtp the target's own multi-token-prediction head drafts (no --draft), and the
-peers run their MTP drafting on the same file.
+of it can tell; sampled, every mode of a round draws with the same seeds and each round with its own, so that rounds
+are independent draws of what a policy meets and modes within one are compared on the same draws); the pair is closed
+before the peers run. The report says where llamaspec's filters ran (on the device or in numpy). With --drafter mtp
+the target's own multi-token-prediction head drafts (no --draft), and the peers run their MTP drafting on the same
+file.
 
 A mixed workload (--workload mixed): one session whose requests change character, in this order: code completion,
 prose, a copy-heavy edit (the answer repeats much of the prompt), a short answer, a long reasoning-style answer (each
@@ -162,6 +164,9 @@ def hardware() -> str:
 def budgets(prompts, n_tokens) -> list[int]:
     """Each prompt's token count: `n_tokens` for all, or one per prompt (a list)."""
     return list(n_tokens) if isinstance(n_tokens, (list, tuple)) else [n_tokens] * len(prompts)
+
+
+ROUND_SEEDS = 1000   # the rounds' requests draw with seeds 0, 1, ..., then 1000, 1001, ..., then 2000, ...
 
 
 def run_mode(pair, mode: str, prompts, n_tokens, regime: peers.Regime, seed: int = 0) -> Row:
@@ -421,7 +426,7 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
             rounds.append(rows)
             for mode, k in runs:
                 rows.append(run_one(pair, a, regime, mode, k, prompts, n_tokens, states,
-                                    f" (round {rnd + 1})" if rnd else ""))
+                                    f" (round {rnd + 1})" if rnd else "", seed=ROUND_SEEDS * rnd))
         rows = [merge_rounds(same) for same in zip(*rounds)]
         where = "" if regime.greedy else \
             f"; llamaspec's filters ran {'on the device' if pair.target_ctx.device_sampler else 'in numpy'}"
@@ -429,9 +434,11 @@ def run_llamaspec(pair, a, regimes, ks: list[int], modes: list[str], prompts, n_
     return out
 
 
-def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states: list, mark: str) -> Row:
+def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states: list, mark: str,
+            seed: int = 0) -> Row:
     """One mode (a fixed one at k) over the prompts with a fresh policy: its row; an auto policy's state and draft
-    lengths go to `states` (`mark` names the round after the first)."""
+    lengths go to `states` (`mark` names the round after the first). `seed`: the round's first sampling seed (the
+    prompts take seed, seed + 1, ...; the warm-up request its own)."""
     name, warm, p_min, draft_max = parse_mode(mode)
     policy = mode_policy(name, k, p_min, a.reach, draft_max)
     if getattr(a, "costs", None):
@@ -442,15 +449,15 @@ def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states
     pair.set_policy(policy)
     if warm:
         pair.reset()
-        pair.generate(WARM_PROMPT, max_tokens=a.tokens, seed=12345, **regime.llamaspec_kwargs())
+        pair.generate(WARM_PROMPT, max_tokens=a.tokens, seed=12345 + seed, **regime.llamaspec_kwargs())
     if a.synth and name == "fixed":
         kind, value = a.synth
         rates = resolve_rates(k, **({"rates": value} if kind == "rates" else {"length": value}))
         with SyntheticAcceptance(pair, rates, seed=k) as synth:
-            row = run_mode(pair, label, prompts, n_tokens, regime)
+            row = run_mode(pair, label, prompts, n_tokens, regime, seed)
         row.synthetic = synth.label
     else:
-        row = run_mode(pair, label, prompts, n_tokens, regime)
+        row = run_mode(pair, label, prompts, n_tokens, regime, seed)
     if steps is not None:   # what it measured explains what it chose
         row.auto_events = [events]
         states.append(f"- {label}'s cost model at the end{mark}: {auto_state(policy)}; "

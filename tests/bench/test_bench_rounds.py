@@ -62,3 +62,39 @@ def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path
     bad = subprocess.run([sys.executable, str(BENCH), "--target", str(model), "--drafter", "mtp", "--rounds", "0"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "--rounds" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_each_round_draws_its_own_seeds_and_every_mode_of_a_round_the_same():
+    """Sampled rounds are independent draws (a policy's first steps meet other acceptances each round), while the
+    modes of one round are compared on the same draws; round 1 keeps the seeds a one-round run always had."""
+    from types import SimpleNamespace
+
+    from benchmarks.compare.bench_engine import ROUND_SEEDS, run_llamaspec
+    from benchmarks.compare.peers import Regime
+    from llamaspec.stats import GenerationStats
+
+    class RecordingPair:
+        target_ctx = SimpleNamespace(device_sampler=None)
+        costs = None
+
+        def __init__(self):
+            self.seeds = []   # (the policy's name, the request's seed)
+
+        def set_policy(self, policy):
+            self.policy = policy
+
+        def reset(self):
+            pass
+
+        def generate(self, prompt, max_tokens, seed, **sampling):
+            self.seeds.append((self.policy.name, seed))
+            return SimpleNamespace(stats=GenerationStats(tokens_generated=max_tokens, target_passes=max_tokens))
+
+    pair = RecordingPair()
+    a = SimpleNamespace(rounds=3, reach={}, tokens=4, synth=None, costs=None)
+    run_llamaspec(pair, a, [Regime("temp", 0.8)], [2], ["fixed", "auto+warm"], ["p1", "p2"], 4)
+    fixed = [seed for name, seed in pair.seeds if name == "fixed"]
+    auto = [seed for name, seed in pair.seeds if name == "auto"]
+    rounds = [[r * ROUND_SEEDS, r * ROUND_SEEDS + 1] for r in range(3)]
+    assert fixed == [s for r in rounds for s in r]
+    assert auto == [s for r in rounds for s in (12345 + r[0], *r)]    # its warm-up request, then the prompts

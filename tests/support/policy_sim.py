@@ -335,6 +335,15 @@ V27_H100 = [1.0, 1.0965, 1.3087, 1.5268, 1.75, 1.97, 2.19, 2.41]
 MTP_SYNTH_H100 = Machine("h100 synthetic 27B + 70% MTP head, fixed rows", lambda n: V27_H100[n - 1], 0.0969, 0.01,
                          switch=(0.56, 0.56), draft_switch=0.05, gpu=True, draft_step=0.0222)
 WALK_FILE = Path(__file__).with_name("synth_mtp27b_walk.json")
+# The same file at T=0.8, temperature only, on the H100 at f19e918 (results/h100-auto-suite-uniform-mtp-temp-at-
+# f19e918.md): fixed k=1, 2, 3 made 1.50, 1.73, 1.86 tokens a pass (0.50, 0.46, 0.57 by position), and a change's two
+# cold passes took 5.5 and 14.7 ms beyond 12.9 ms warm ones. Its two rounds drew the same seeds (bench_engine drew one
+# set for every round then): one draw, `auto` 0.954 of k=1 cold. Here, 24 draws: 0.987 on average, 0.969 at worst
+# with the costs exact, 0.955 at worst with the load's errors at 3% (walk-free: acceptance drawn by position).
+MTP_SYNTH_H100_TEMP = dataclasses.replace(MTP_SYNTH_H100, name="h100 synthetic 27B + 70% MTP head, T=0.8 temperature "
+                                          "only", switch=(0.46, 1.23))
+RECORDED += [("synthetic MTP 70%, T=0.8 temperature only (H100 at f19e918)", MTP_SYNTH_H100_TEMP, [0.50, 0.46, 0.57],
+              3)]
 
 
 def walk_session(set_names=("code", "prose"), path: Path = WALK_FILE) -> list:
