@@ -16,6 +16,8 @@ drafter proposes one token on a plain step and the token the target emits judges
 token), its result (SHADOWED), or a REFRESH (a plain pass between drafted ones that re-measures t_verify(1)). While
 drafting one token with position 2 judged poor on few steps, a tail probe (`_tail_due`) drafts one token more that
 the target's next token judges: one-token drafts would otherwise never judge position 2 again.
+An accepted shadow probe where the estimates had plain fastest, position 1 judged `doubt_seen` times and no request
+yet ended drafting, is asked once more before any draft (a useless draft agreeing by chance; `_after_shadow`).
 `_decide` is the transition: every change of phase and of k goes through it, but for the plain step's own probes.
 
 Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost against
@@ -92,6 +94,9 @@ class AutoPolicy(DraftPolicy):
         self._tail_asked = False      # this drafting step asked for a tail probe (shadow_len)
         self._tail: tuple | None = None   # its judgement, (chance or None,), until the update after it
         self._owed = (0, 0, 0.0)      # (k, a faster k the horizon refused, what the steps since would have saved at it)
+        self._doubted = False         # an accepted shadow probe where the estimates before it had plain fastest
+        self._confirming = False      # ... asked again before any draft (a draft agreeing by chance, _after_shadow)
+        self._ended_drafting = False  # a request ended drafting: drafts paid on this pair, a good probe is believed
 
     @property
     def k_start(self) -> int:
@@ -113,6 +118,7 @@ class AutoPolicy(DraftPolicy):
 
     def new_request(self) -> None:
         t = self.tuning
+        self._ended_drafting = self._ended_drafting or self._k > 0
         self.model.new_request()
         self.accept.fade(t.request_fade)   # a new text: what the last one showed weighs less
         if self.phase is Phase.ON and not self._k and self.step is Step.ORDINARY and self._shadows:
@@ -134,6 +140,9 @@ class AutoPolicy(DraftPolicy):
             self._tail = (accepted,)
             return
         self._shadow_costs.append(seconds)
+        self._doubted = (accepted >= self.tuning.accept_enough and self.phase is Phase.ON and not self._confirming
+                         and not self._ended_drafting and self.accept.seen[1] >= self.tuning.doubt_seen
+                         and self._plain_fastest())
         self.accept.record_first(accepted)
         self._credit -= seconds
         self.step, self._shadow_result = Step.SHADOWED, accepted
@@ -255,7 +264,22 @@ class AutoPolicy(DraftPolicy):
                 else t.probe_every
             self._since_probe, self._probe_due = 0, self._probe_interval
             return
+        if self._doubted:
+            # plain was fastest before this probe: one accepted token may be a useless draft agreeing by chance
+            # (a 4% draft, idle steps having faded what showed it useless, would otherwise draft for 20 steps)
+            self._doubted, self._confirming, self.step = False, True, Step.SHADOW
+            return
+        if self._confirming and accepted < t.accept_enough:
+            # not confirmed: plain stays until the next probe (no back-off: one of two accepted is no failure)
+            self._confirming, self._since_probe, self._probe_due = False, 0, self._probe_interval
+            return
+        self._confirming = False
         self._decide(probe_failed=accepted < t.accept_enough)
+
+    def _plain_fastest(self) -> bool:
+        """Whether the estimates as they stand put plain decoding ahead of every draft length."""
+        _, speeds = self.model.survey(self.accept.estimates(), self.draft_max, False)
+        return fastest(speeds) == 0
 
     def _repaid(self, speeds: dict, best: int, optimistic: bool, drafting: bool) -> bool:
         """Whether a change to `best` repays its cold passes: within `horizon` steps (worth_changing), or by what the

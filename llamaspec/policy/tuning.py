@@ -44,6 +44,9 @@ class AutoTuning:
     recent: int = 9                     # samples kept of cold-pass excess and of shadow-probe costs (medians)
     # -- judging probes -------------------------------------------------------------------------------------
     accept_enough: float = 0.5          # a shadow probe counts as accepted at this chance; measuring starts there
+    doubt_seen: float = 12.0            # judgements of position 1 (faded per judgement, not by idle steps) after which
+                                        # an accepted shadow probe where plain was fastest is asked once more before any
+                                        # draft: lower guards a useless draft sooner, delays a good one after bad luck
     cold_matters: float = 0.1           # switch cost over t_verify(1) above which a cold "no draft pays" is re-measured
     cold_refresh: float = 0.05          # switch cost over t_verify(1) above which no refresh pass is taken
     tail_seen: float = 3.0              # judgements (faded) of the position past k below which a drafting step drafts
