@@ -6,8 +6,9 @@ time the Python share must not count (0d85908 moved it into the decode's timed s
     python benchmarks/probes/follower_wait.py --target T-with-MTP.gguf --drafter mtp --modes fixed --k 2 \\
         --regimes greedy,filters --peers '' --tokens 128
 
-Every argument goes to bench_engine; the split's totals print at exit (where any read ran). Measured on an H100 before 0d85908 (the
-synthetic 27B hybrid, fixed k=2): 3103 reads, llama_synchronize 137.3 us each, the getter after it 20.2 us.
+Every argument goes to bench_engine; the split's totals print at exit (where any read ran). Measured on an H100
+before 0d85908 (the synthetic 27B hybrid, fixed k=2): 3103 reads, llama_synchronize 137.3 us each, the getter after
+it 20.2 us.
 """
 from __future__ import annotations
 

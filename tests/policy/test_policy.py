@@ -1306,8 +1306,8 @@ def test_the_pair_s_own_answers_give_the_fixed_rows_the_run_measured_and_auto_ho
     the pair's own greedy answers: synth_walk.py --pair). Fixed k draft what the run's fixed rows drafted (918, 1410,
     1839, 2643, 3831 over three rounds) at the speeds it measured relative to k=2 (0.962, 0.971, 0.887, 0.896 there);
     what `auto` reaches with the load's errors drawn at 3% a pass is the floor a policy change must keep. The run made
-    it 0.955 cold and 0.952 warm: one round in three kept one-token drafts from the first request's start, position 2
-    judged on the few early steps where the text made it poor; the simulator's worst draws do the same."""
+    it 0.955 cold and 0.952 warm: one round in three kept one-token drafts from the first request's start (its first
+    drafts met text the draft gets wrong, rejected at position 1); the simulator's worst draws do the same."""
     from support.policy_sim import PAIR_SYNTH_H100, PAIR_WALK_FILE, walk_cold_and_warm, walk_session
 
     session = walk_session(path=PAIR_WALK_FILE)

@@ -339,7 +339,7 @@ WALK_FILE = Path(__file__).with_name("synth_mtp27b_walk.json")
 # f19e918.md): fixed k=1, 2, 3 made 1.50, 1.73, 1.86 tokens a pass (0.50, 0.46, 0.57 by position), and a change's two
 # cold passes took 5.5 and 14.7 ms beyond 12.9 ms warm ones. Its two rounds drew the same seeds (bench_engine drew one
 # set for every round then): one draw, `auto` 0.954 of k=1 cold. Here, 24 draws: 0.987 on average, 0.969 at worst
-# with the costs exact, 0.955 at worst with the load's errors at 3% (walk-free: acceptance drawn by position).
+# with the costs exact, 0.955 at worst with the load's errors at 3% (acceptance drawn by position, not a walk).
 MTP_SYNTH_H100_TEMP = dataclasses.replace(MTP_SYNTH_H100, name="h100 synthetic 27B + 70% MTP head, T=0.8 temperature "
                                           "only", switch=(0.46, 1.23))
 RECORDED += [("synthetic MTP 70%, T=0.8 temperature only (H100 at f19e918)", MTP_SYNTH_H100_TEMP, [0.50, 0.46, 0.57],
@@ -369,14 +369,15 @@ MTP_SYNTH_H200 = Machine("h200 synthetic 27B + 70% MTP head, auto's costs at 7be
 # own walk (synth_walk.py --pair -> synth_pair32b_walk.json): fixed k drafted exactly what the run's fixed rows drafted,
 # and this machine makes k=1, 3, 5, 8 0.957, 0.966, 0.885, 0.883 of k=2 where the run measured 0.962, 0.971, 0.887,
 # 0.896. The run made `auto` 0.955 of k=2 cold and 0.952 warm (three rounds): one round in three held one-token drafts
-# from the first request's start to the end, position 2 judged on a few early steps that the text made poor.
+# from the first request's start to the end (its first drafts met text the draft gets wrong, rejected at position 1).
 V32_PAIR_H100 = [1.0, 1.082, 1.3125, 1.545, 1.72, 1.902, 1.916, 1.924, 1.935]
 PAIR_SYNTH_H100 = Machine("h100 synthetic 32B + 70% draft, fixed rows",
                           lambda n: V32_PAIR_H100[min(n, 9) - 1] + 0.01 * max(n - 9, 0), 0.048, 0.01,
                           switch=(0.55, 0.55), draft_switch=0.05, gpu=True, draft_step=0.045)
 PAIR_WALK_FILE = Path(__file__).with_name("synth_pair32b_walk.json")
 # the same costs with a useless draft (the suite's useless-pair agrees 4%): a shadow probe accepted by chance after
-# requests of rejections must not start 20 steps of one-token drafts (the H100 run at f19e918 did, twice: 0.969 of plain)
+# requests of rejections must not start 20 steps of one-token drafts (the H100 run at f19e918 did, twice: 0.969 of
+# plain)
 TABLE += [(dataclasses.replace(PAIR_SYNTH_H100, name="h100 synthetic 32B pair's costs, a useless draft"), LONG,
            (0.04, 0.1))]
 
