@@ -156,11 +156,12 @@ class Acceptance:
             self.req_acc *= fade
             self.req_tried *= fade
         self.idle = 0
+        acc, tried, seen = self.acc, self.tried, self.seen
         for j in range(1, self.k_max + 1):
             keep = d if j <= judged else stale
-            self.acc[j] *= keep
-            self.tried[j] *= keep
-            self.seen[j] *= keep
+            acc[j] *= keep
+            tried[j] *= keep
+            seen[j] *= keep
         self.req_acc *= d      # position 1 is judged whenever anything is
         self.req_tried *= d
 
@@ -223,12 +224,13 @@ class Acceptance:
         slowly along a draft; a position never reached takes the one before it). No bonus for rarely reached
         positions: exploring long drafts paid the cold passes of each change (results/auto-policy-notes.md)."""
         t = self.tuning
-        out, before = [0.0] * (self.k_max + 1), t.prior
+        acc, tried, seen = self.acc, self.tried, self.seen
+        out, before, chain = [0.0] * (self.k_max + 1), t.prior, t.chain_weight
         for j in range(1, self.k_max + 1):
-            w0 = t.prior_weight if j == 1 else t.chain_weight
-            if self.seen[j]:   # faded by idle steps as the evidence was: fading alone moves no estimate
-                w0 *= self.tried[j] / self.seen[j]
-            before = (self.acc[j] + w0 * before) / (self.tried[j] + w0)
+            w0 = t.prior_weight if j == 1 else chain
+            if seen[j]:   # faded by idle steps as the evidence was: fading alone moves no estimate
+                w0 *= tried[j] / seen[j]
+            before = (acc[j] + w0 * before) / (tried[j] + w0)
             out[j] = before
         return out
 
@@ -244,7 +246,11 @@ def expected_tokens(acceptances: list[float], k: int) -> float:
 
 def fastest(speeds: dict) -> int:
     """The k of the highest speed in {k: tokens(k) / time(k)} (ties go to the longer draft)."""
-    return max(speeds.items(), key=lambda ks: (ks[1], ks[0]))[0]
+    best, top = 0, -1.0
+    for k, speed in speeds.items():   # (a loop, not max with a key: this runs every drafted step)
+        if speed > top or (speed == top and k > best):
+            best, top = k, speed
+    return best
 
 
 class CostModel:
@@ -449,12 +455,23 @@ class CostModel:
         kept = self._drawn.get(warm_only)
         if kept is not None:
             return kept
-        xs = self.sizes
+        xs, verify = self.sizes, self.verify
         if warm_only:
-            xs = [x for x in xs if self.verify[x].samples] or xs
-        ys = [self.size_time(x) for x in xs]
+            xs = [x for x in xs if verify[x].samples] or xs
+        if self.depth.slope:
+            ys = [self.size_time(x) for x in xs]
+        else:   # size_time without the depth, inlined: the curves are drawn again after every pass
+            ys = []
+            for x in xs:
+                warm = verify[x]
+                if warm.samples:
+                    ys.append(warm.total / warm.weight)
+                else:
+                    cold = self.cold[x].value
+                    ys.append(max(cold - self.switch_cost, 0.5 * cold))
         for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
-            ys[i] = min(ys[i], ys[i + 1])
+            if ys[i + 1] < ys[i]:
+                ys[i] = ys[i + 1]
         self._drawn[warm_only] = xs, ys
         return xs, ys
 
@@ -468,21 +485,24 @@ class CostModel:
             for n in range(1, n_max + 1):
                 out[n] = y0 * (1.0 + 0.1 * (n - x0) / x0) if n > x0 else y0 * n / x0
             return out
-        slope_low = (ys[1] - ys[0]) / (xs[1] - xs[0])
-        slope_high = max((ys[-1] - ys[0]) / (xs[-1] - xs[0]), 0.0) * (0.5 if optimistic else 1.0)
-        i, last = 0, len(xs)
-        for n in range(1, n_max + 1):
-            while i < last and xs[i] < n:
-                i += 1
-            if i < last and xs[i] == n:
-                out[n] = ys[i]
-            elif i == 0:
-                out[n] = max(ys[0] + slope_low * (n - xs[0]), 1e-9)
-            elif i == last:
-                out[n] = ys[-1] + slope_high * (n - xs[-1])
-            else:
-                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
-                out[n] = ys[i - 1] * (1 - w) + ys[i] * w
+        x0, y0, x1, y1 = xs[0], ys[0], xs[-1], ys[-1]
+        slope_low = (ys[1] - y0) / (xs[1] - x0)
+        slope_high = max((y1 - y0) / (x1 - x0), 0.0) * (0.5 if optimistic else 1.0)
+        stop = n_max + 1
+        for n in range(1, x0 if x0 < stop else stop):   # below the smallest size measured
+            out[n] = max(y0 + slope_low * (n - x0), 1e-9)
+        for i in range(1, len(xs)):   # each measured size, and the line to the next one
+            xa, xb, ya, yb = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            if xa > n_max:
+                return out
+            out[xa] = ya
+            for n in range(xa + 1, xb if xb < stop else stop):
+                w = (n - xa) / (xb - xa)
+                out[n] = ya * (1 - w) + yb * w
+        if x1 <= n_max:
+            out[x1] = y1
+        for n in range(x1 + 1, n_max + 1):   # beyond the largest
+            out[n] = y1 + slope_high * (n - x1)
         return out
 
     def step_time(self, k: int, optimistic: bool = False) -> float | None:
@@ -523,7 +543,9 @@ class CostModel:
             tokens += run
             draft = start + k * per_token
             speeds[k] = tokens / (draft + verify[k + 1])
-            gain = max(gain, (k + 1) / (draft + plain[k + 1]))
+            perfect = (k + 1) / (draft + plain[k + 1])
+            if perfect > gain:
+                gain = perfect
         return plain[1] * gain, speeds
 
     def best_k(self, acceptances: list[float], k_max: int, optimistic: bool) -> int:
