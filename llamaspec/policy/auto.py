@@ -17,7 +17,8 @@ token), its result (SHADOWED), or a REFRESH (a plain pass between drafted ones t
 drafting one token with position 2 judged poor on few steps, a tail probe (`_tail_due`) drafts one token more that
 the target's next token judges: one-token drafts would otherwise never judge position 2 again.
 An accepted shadow probe where the estimates had plain fastest, position 1 judged `doubt_seen` times and no request
-yet ended drafting, is asked once more before any draft (a useless draft agreeing by chance; `_after_shadow`).
+yet ended drafting with position 1 at `accept_enough`, is asked once more before any draft (a useless draft agreeing
+by chance; `_after_shadow`).
 `_decide` is the transition: every change of phase and of k goes through it, but for the plain step's own probes.
 
 Exploring is paid from a credit: every step earns `loss_budget` of its time; a drafted step pays what it lost against
@@ -96,7 +97,7 @@ class AutoPolicy(DraftPolicy):
         self._owed = (0, 0, 0.0)      # (k, a faster k the horizon refused, what the steps since would have saved at it)
         self._doubted = False         # an accepted shadow probe where the estimates before it had plain fastest
         self._confirming = False      # ... asked again before any draft (a draft agreeing by chance, _after_shadow)
-        self._ended_drafting = False  # a request ended drafting: drafts paid on this pair, a good probe is believed
+        self._ended_drafting = False  # a request ended drafting, accept_enough at position 1: a good probe is believed
 
     @property
     def k_start(self) -> int:
@@ -118,7 +119,9 @@ class AutoPolicy(DraftPolicy):
 
     def new_request(self) -> None:
         t = self.tuning
-        self._ended_drafting = self._ended_drafting or self._k > 0
+        # a request that ended drafting at a good estimate: drafts paid on this pair (not one that ran on past a lucky
+        # probe, drafting while a change back to plain waited to repay its cold passes)
+        self._ended_drafting = self._ended_drafting or (self._k > 0 and self.acceptance(1) >= t.accept_enough)
         self.model.new_request()
         self.accept.fade(t.request_fade)   # a new text: what the last one showed weighs less
         if self.phase is Phase.ON and not self._k and self.step is Step.ORDINARY and self._shadows:
