@@ -455,20 +455,10 @@ class CostModel:
         kept = self._drawn.get(warm_only)
         if kept is not None:
             return kept
-        xs, verify = self.sizes, self.verify
+        xs = self.sizes
         if warm_only:
-            xs = [x for x in xs if verify[x].samples] or xs
-        if self.depth.slope:
-            ys = [self.size_time(x) for x in xs]
-        else:   # size_time without the depth, inlined: the curves are drawn again after every pass
-            ys = []
-            for x in xs:
-                warm = verify[x]
-                if warm.samples:
-                    ys.append(warm.total / warm.weight)
-                else:
-                    cold = self.cold[x].value
-                    ys.append(max(cold - self.switch_cost, 0.5 * cold))
+            xs = [x for x in xs if self.verify[x].samples] or xs
+        ys = [self.size_time(x) for x in xs]
         for i in range(len(ys) - 2, -1, -1):  # a pass over more tokens cannot be cheaper: noise made it look so
             if ys[i + 1] < ys[i]:
                 ys[i] = ys[i + 1]

@@ -59,7 +59,8 @@ def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path
     report = out.read_text()
     assert "in 2 interleaved rounds" in report and "llamaspec's rounds (tok/s each round, interleaved): plain " in report
     assert "- auto's cost model at the end: " in report and "- auto's cost model at the end (round 2): " in report
-    assert "; Python: `auto`'s own hooks " in report.split("- hardware: ", 1)[1].splitlines()[0]
+    hardware_line = report.split("- hardware: ", 1)[1].splitlines()[0]
+    assert "; Python: `auto`'s own hooks " in hardware_line
     bad = subprocess.run([sys.executable, str(BENCH), "--target", str(model), "--drafter", "mtp", "--rounds", "0"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "--rounds" in bad.stderr and "Traceback" not in bad.stderr

@@ -1327,7 +1327,8 @@ def test_a_lone_accepted_probe_after_requests_of_rejections_is_asked_again_befor
     the H100 at f19e918 (0.969 of plain, greedy cold). Where plain was fastest and position 1 has been judged
     doubt_seen times, an accepted probe is now asked once more before any draft. Not where a request ever ended
     drafting with position 1 at accept_enough: there a good probe after a poor stretch is a new text (the test of
-    drafting again after a poor request fails without that exception). 24 seeds: 0.985 -> 0.988 of plain at 4%, 0.972 -> 0.982 at 10%."""
+    drafting again after a poor request fails without that exception). 24 seeds: 0.985 -> 0.988 of plain at 4%,
+    0.972 -> 0.982 at 10%."""
     from support.policy_sim import PAIR_SYNTH_H100
 
     def vs_plain(acceptance, **tuning):
