@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 try:
@@ -64,7 +64,7 @@ from llamaspec.errors import InvalidParameterError  # noqa: E402
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
 from llamaspec.bench import auto_state  # noqa: E402
 from llamaspec.bench.synthetic import LABEL as SYNTH, SyntheticAcceptance, parse_rates, resolve_rates  # noqa: E402
-from llamaspec.policy import AutoPolicy, Costs, make_policy  # noqa: E402
+from llamaspec.policy import AutoPolicy, AutoTuning, Costs, make_policy  # noqa: E402
 
 CODE = [
     "def quicksort(arr):",
@@ -389,12 +389,15 @@ def peer_results(name: str, exe, why: str, case, ks, regimes, prompts, n_tokens,
     return out
 
 
-def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None]:
-    """"auto+warm:p=0:max=12" -> ("auto", True, 0.0, 12): the policy's name, whether one untimed request warms it
-    (WARM_PROMPT), its confidence stop p_min and its longest draft (max=N: past the snapshots the load keeps, each
-    longer draft saving a checkpoint; the load's snapshots stay what a user's load of this pair gives)."""
+def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None, dict]:
+    """"auto+warm:p=0:max=12:tail_seen=3" -> ("auto", True, 0.0, 12, {"tail_seen": 3.0}): the policy's name, whether
+    one untimed request warms it (WARM_PROMPT), its confidence stop p_min, its longest draft (max=N: past the snapshots
+    the load keeps, each longer draft saving a checkpoint; the load's snapshots stay what a user's load of this pair
+    gives) and, for auto, fields of its AutoTuning (a tuning against the defaults in the same run)."""
     name, *options = mode.split(":")
     p_min = draft_max = None
+    tuning = {}
+    tunable = {f.name: f.type for f in fields(AutoTuning)}
     for option in options:
         key, _, value = option.partition("=")
         try:
@@ -404,11 +407,15 @@ def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None]:
                 draft_max = int(value)
                 if draft_max < 1:
                     raise ValueError
+            elif key in tunable and name.removesuffix("+warm") == "auto":
+                tuning[key] = int(value) if tunable[key] in (int, "int") else float(value)
+                AutoTuning(**tuning)
             else:
                 raise ValueError
-        except ValueError:
-            raise ValueError(f"{mode!r}: options are p=NUMBER and max=N (N >= 1)") from None
-    return name.removesuffix("+warm"), name.endswith("+warm"), p_min, draft_max
+        except (ValueError, InvalidParameterError):
+            raise ValueError(f"{mode!r}: options are p=NUMBER, max=N (N >= 1) and, for auto, FIELD=NUMBER of "
+                             f"AutoTuning ({', '.join(tunable)})") from None
+    return name.removesuffix("+warm"), name.endswith("+warm"), p_min, draft_max, tuning
 
 
 def open_reach(target: str, draft: str | None, drafter: str, modes: list[str]) -> dict:
@@ -422,12 +429,14 @@ def open_reach(target: str, draft: str | None, drafter: str, modes: list[str]) -
             for name in names if name not in ("plain", "fixed")}
 
 
-def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict, draft_max: int | None = None):
+def mode_policy(name: str, k: int | None, p_min: float | None, reach: dict, draft_max: int | None = None,
+                tuning: dict | None = None):
     """The policy a mode runs: plain is fixed k=0, fixed its k, the open-ended ones their reach (open_reach) or the
-    longest draft the mode names (max=N)."""
+    longest draft the mode names (max=N); auto with the tuning fields the mode names."""
     if name == "plain":
         return make_policy("fixed", draft_max=0)
-    return make_policy(name, draft_max=k if name == "fixed" else draft_max or reach.get(name), draft_p_min=p_min)
+    policy = make_policy(name, draft_max=k if name == "fixed" else draft_max or reach.get(name), draft_p_min=p_min)
+    return AutoPolicy(policy.draft_max, policy.draft_p_min, **tuning) if tuning else policy
 
 
 def warm_ups(pair, longest: int, modes: list[str]) -> dict:
@@ -472,8 +481,8 @@ def run_one(pair, a, regime, mode: str, k: int | None, prompts, n_tokens, states
     """One mode (a fixed one at k) over the prompts with a fresh policy: its row; an auto policy's state and draft
     lengths go to `states` (`mark` names the round after the first). `seed`: the round's first sampling seed (the
     prompts take seed, seed + 1, ...; the warm-up request its own)."""
-    name, warm, p_min, draft_max = parse_mode(mode)
-    policy = mode_policy(name, k, p_min, a.reach, draft_max)
+    name, warm, p_min, draft_max, tuning = parse_mode(mode)
+    policy = mode_policy(name, k, p_min, a.reach, draft_max, tuning)
     if getattr(a, "costs", None):
         pair.costs = mode_costs(a.costs, a.longest, draft_max)
     label = f"fixed k={k}" if name == "fixed" else mode

@@ -264,11 +264,18 @@ def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
     assert bench.mode_policy("fixed", 2, None, reach).draft_max == 2
     assert bench.mode_policy("plain", None, None, reach).draft_max == 0
     # a mode that names its longest draft takes it (the load's snapshots stay the user's)
-    name, warm, p_min, longest = bench.parse_mode("auto+warm:p=0.5:max=12")
-    assert (name, warm, p_min, longest) == ("auto", True, 0.5, 12)
+    name, warm, p_min, longest, tuning = bench.parse_mode("auto+warm:p=0.5:max=12")
+    assert (name, warm, p_min, longest, tuning) == ("auto", True, 0.5, 12, {})
     assert bench.mode_policy(name, None, p_min, reach, longest).draft_max == 12
     assert bench.open_reach(str(hybrid), None, "mtp", ["auto:max=12"]) == {"auto": 3}
-    for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p="):
+    # auto's tuning, to run another beside the defaults in the same run
+    *_, tuning = bench.parse_mode("auto+warm:tail_seen=3:horizon=8")
+    assert tuning == {"tail_seen": 3.0, "horizon": 8} and isinstance(tuning["horizon"], int)
+    tuned = bench.mode_policy("auto", None, None, reach, None, tuning)
+    assert (tuned.tuning.tail_seen, tuned.tuning.horizon, tuned.draft_max) == (3.0, 8, 3)
+    assert bench.mode_policy("auto", None, None, reach).tuning.tail_seen != 3.0
+    for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p=", "fixed:tail_seen=3", "auto:horizon=0",
+                "auto:tail_seen=-1"):
         with pytest.raises(ValueError, match="options are"):
             bench.parse_mode(bad)
     plain_kv = tmp_path / "llama.gguf"   # a target whose memory drops rejected tokens itself: auto's own 12
