@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.compare import peers
+from llamaspec.policy import AutoTuning
 from support.llama_asserts import find_llama_src
 from support.paths import SUPPORT
 
@@ -269,11 +270,11 @@ def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
     assert bench.mode_policy(name, None, p_min, reach, longest).draft_max == 12
     assert bench.open_reach(str(hybrid), None, "mtp", ["auto:max=12"]) == {"auto": 3}
     # auto's tuning, to run another beside the defaults in the same run
-    *_, tuning = bench.parse_mode("auto+warm:tail_seen=3:horizon=8")
-    assert tuning == {"tail_seen": 3.0, "horizon": 8} and isinstance(tuning["horizon"], int)
+    *_, tuning = bench.parse_mode("auto+warm:tail_seen=5:horizon=8")
+    assert tuning == {"tail_seen": 5.0, "horizon": 8} and isinstance(tuning["horizon"], int)
     tuned = bench.mode_policy("auto", None, None, reach, None, tuning)
-    assert (tuned.tuning.tail_seen, tuned.tuning.horizon, tuned.draft_max) == (3.0, 8, 3)
-    assert bench.mode_policy("auto", None, None, reach).tuning.tail_seen != 3.0
+    assert (tuned.tuning.tail_seen, tuned.tuning.horizon, tuned.draft_max) == (5.0, 8, 3)
+    assert bench.mode_policy("auto", None, None, reach).tuning == AutoTuning()
     for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p=", "fixed:tail_seen=3", "auto:horizon=0",
                 "auto:tail_seen=-1"):
         with pytest.raises(ValueError, match="options are"):
