@@ -49,11 +49,11 @@ class AutoTuning:
                                         # draft: lower guards a useless draft sooner, delays a good one after bad luck
     cold_matters: float = 0.1           # switch cost over t_verify(1) above which a cold "no draft pays" is re-measured
     cold_refresh: float = 0.05          # switch cost over t_verify(1) above which no refresh pass is taken
-    tail_seen: float = 3.0              # judgements (faded) of the position past k below which a drafting step drafts
+    tail_seen: float = 6.0              # judgements (faded) of the position past k below which a drafting step drafts
                                         # one token more, unverified, that the target's next token judges where all k
                                         # were accepted (a tail probe): higher asks more often, a drafted token each
                                         # time; 0 never (one-token drafts then never judge position 2 again)
-    tail_gap: float = 0.1               # ... while position k + 1's estimate is this far under position k's: lower asks
+    tail_gap: float = 0.05              # ... while position k + 1's estimate is this far under position k's: lower asks
                                         # where k + 1 is near k already (and k is best on its costs), more tokens
 
     def __post_init__(self):

@@ -981,7 +981,9 @@ def test_a_drafting_steps_own_cost_keeps_auto_near_the_best_length_on_the_32b_pa
     """The 32B pair's draft as the H200 timed it (a step 0.115 of a target pass, a token 0.048; policy_sim's
     D70_STEP): priced k t_draft from the length it runs, long drafts looked dearer than they are and `auto` stopped
     short. Over 6 seeds, cold / warm: flat 0.7 acceptance 0.946 / 0.963 -> 0.965 / 0.990 with the line, the greedy
-    runs 0.916 / 0.973 -> 0.964 / 0.972."""
+    runs 0.916 / 0.973 -> 0.964 / 0.972. (Since tail probes ask position 2 while one token is drafted until it has
+    been judged 6 times, not 3, the proportional price's one-token drafts find position 2 too: flat 0.7 0.959 / 0.969
+    against 0.965 / 0.993 with the line.)"""
     from support.policy_sim import D70_GREEDY, D70_STEP, cold_and_warm
 
     from llamaspec.policy.costs import CostModel
@@ -997,7 +999,7 @@ def test_a_drafting_steps_own_cost_keeps_auto_near_the_best_length_on_the_32b_pa
         return [np.mean(x) for x in before], [np.mean(x) for x in cold_and_warm(D70_STEP, acceptance, 12)]
 
     (cold0, warm0), (cold, warm) = both(0.7)
-    assert cold >= cold0 + 0.01 and warm >= warm0 + 0.01 and min(cold, warm) >= 0.96, (cold0, warm0, cold, warm)
+    assert cold >= cold0 + 0.005 and warm >= warm0 + 0.01 and min(cold, warm) >= 0.96, (cold0, warm0, cold, warm)
     (cold0, warm0), (cold, warm) = both(D70_GREEDY)
     assert cold >= cold0 + 0.03 and warm >= warm0 - 0.01 and min(cold, warm) >= 0.96, (cold0, warm0, cold, warm)
 
@@ -1259,11 +1261,11 @@ def test_a_faster_k_the_horizon_refuses_is_taken_once_its_gain_has_lasted(monkey
     steps, so no single decision changed. What the drafted steps since k=2 first looked faster would have saved at
     it now counts too: auto changes once that reaches the change's cost; where k=2 is slower it stays."""
     def at_k1(second: float) -> AutoPolicy:
-        p = AutoPolicy(draft_max=3)
+        p = AutoPolicy(draft_max=3, tail_seen=0.0)   # no tail probe: the horizon's own question
         p.attach("per_token", Costs({1: 1.0, 2: 1.11, 3: 1.36, 4: 1.59}, 0.09, [0.44] * 8))
         p.phase, p._k, p._since_draft = Phase.ON, 1, 0
         p.accept.acc[1], p.accept.tried[1], p.accept.seen[1] = 16.0, 20.0, 20.0
-        p.accept.acc[2], p.accept.tried[2], p.accept.seen[2] = second * 10.0, 10.0, 10.0   # no tail probe
+        p.accept.acc[2], p.accept.tried[2], p.accept.seen[2] = second * 10.0, 10.0, 10.0
         return p
 
     def steps_to_leave_k1(p: AutoPolicy, limit: int = 200) -> int | None:
@@ -1307,7 +1309,10 @@ def test_the_pair_s_own_answers_give_the_fixed_rows_the_run_measured_and_auto_ho
     1839, 2643, 3831 over three rounds) at the speeds it measured relative to k=2 (0.962, 0.971, 0.887, 0.896 there);
     what `auto` reaches with the load's errors drawn at 3% a pass is the floor a policy change must keep. The run made
     it 0.955 cold and 0.952 warm: one round in three kept one-token drafts from the first request's start (its first
-    drafts met text the draft gets wrong, rejected at position 1); the simulator's worst draws do the same."""
+    drafts met text the draft gets wrong, rejected at position 1); the simulator's worst draws do the same. Warm, with
+    position 2 asked by tail probes until judged 6 times (3 before; the H100 at 64318dd, the same run: 0.958 -> 0.998
+    of k=2): 0.958 -> 0.974 on average over these draws, 0.940 -> 0.911 at the worst, a draw where the load priced
+    k=2's pass 2.8% high and k=2 never ran long enough to correct it (auto-policy-notes.md)."""
     from support.policy_sim import PAIR_SYNTH_H100, PAIR_WALK_FILE, walk_cold_and_warm, walk_session
 
     session = walk_session(path=PAIR_WALK_FILE)
@@ -1318,7 +1323,7 @@ def test_the_pair_s_own_answers_give_the_fixed_rows_the_run_measured_and_auto_ho
         assert runs[k].throughput / runs[2].throughput == pytest.approx(measured, abs=0.015), k
     cold, warm = walk_cold_and_warm(12, (0.03, 5), PAIR_SYNTH_H100, pair=True)
     assert np.mean(cold) >= 0.975 and min(cold) >= 0.94, cold
-    assert np.mean(warm) >= 0.955 and min(warm) >= 0.935, warm
+    assert np.mean(warm) >= 0.97 and min(warm) >= 0.91, warm
 
 
 def test_a_lone_accepted_probe_after_requests_of_rejections_is_asked_again_before_any_draft():
@@ -1371,3 +1376,40 @@ def test_a_request_that_ended_drafting_a_useless_draft_does_not_vouch_for_the_ne
     assert [s["request"] for s in lucky] == [2, 4, 4]   # the run's own sequence
     assert lucky[0]["next"] == 1                        # seen < doubt_seen: believed (by design)
     assert [s["next"] for s in lucky[1:]] == [0, 0], lucky[1:]   # asked again (a shadow probe), not drafted
+
+
+def test_position_two_asked_while_one_token_is_drafted_takes_the_pair_to_two_after_its_warm_up():
+    """The suite's 32B pair, greedy, on the H100 at 64318dd (auto+warm with tail_seen 6, tail_gap 0.05 beside the
+    defaults then, 3, 0.1, in one run): the warm-up request drafted one token for 50 steps with position 2 judged on
+    2-4 faded judgements and its estimate near position 1's (so no tail probe asked it: it was not 0.1 under), and the
+    next two requests kept one token where two are 4% faster (0.958 of k=2). Asked until judged 6 times while 0.05
+    under, position 2 showed itself in the warm-up and every timed request drafted two (0.998 of k=2, three rounds).
+    Those tunings are the defaults now: the run's recorded calls fed to a fresh default policy choose what the run
+    drafted (but where a request's end cut a draft short), and on the pair's own answers in the simulator the warm
+    mean rises over the old tuning's."""
+    import json
+    from pathlib import Path
+
+    from support.policy_sim import PAIR_SYNTH_H100, replay_events, walk_cold_and_warm
+
+    from llamaspec.policy import AutoTuning
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
+        "h100-auto-suite-uniform-pair-greedy-ab-at-64318dd.json"
+    rows = {r["mode"]: r for r in json.loads(report.read_text()) if isinstance(r, dict) and "mode" in r}
+    for events in rows["auto+warm:tail_seen=6:tail_gap=0.05"]["auto_events"]:   # three rounds
+        by_request: dict = {}
+        for step in replay_events(events):
+            by_request.setdefault(step["request"], []).append(step)
+        for request in by_request.values():   # the same choices, but a draft the request's last tokens cut short
+            for i, step in enumerate(request):
+                cut = step["drafted"] < step["chosen"] and i >= len(request) - 2
+                assert step["chosen"] == step["drafted"] or cut, (i, step["chosen"], step["drafted"])
+        warm_up, timed = by_request[1], [by_request[r] for r in sorted(by_request) if r > 1]
+        assert warm_up[-1]["next"] == 2   # the warm-up ends on two-token drafts
+        assert all(s["drafted"] == 2 for s in timed[0][:-2])   # the first timed request drafts two throughout
+    old = AutoTuning(tail_seen=3.0, tail_gap=0.1)
+    cold0, warm0 = walk_cold_and_warm(12, (0.03, 5), PAIR_SYNTH_H100, pair=True, tuning=old)
+    cold, warm = walk_cold_and_warm(12, (0.03, 5), PAIR_SYNTH_H100, pair=True)
+    assert np.mean(warm) >= np.mean(warm0) + 0.01 and np.mean(cold) >= np.mean(cold0) - 0.002, \
+        (np.mean(cold0), np.mean(warm0), np.mean(cold), np.mean(warm))

@@ -30,7 +30,7 @@ from pathlib import Path
 from statistics import median
 from typing import Callable
 
-from llamaspec.policy import Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
+from llamaspec.policy import AutoPolicy, AutoTuning, Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
 
 WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
 
@@ -383,18 +383,21 @@ TABLE += [(dataclasses.replace(PAIR_SYNTH_H100, name="h100 synthetic 32B pair's 
 
 
 def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1), machine: Machine = MTP_SYNTH_H100,
-                       pair: bool = False) -> tuple[list, list]:
+                       pair: bool = False, tuning: AutoTuning | None = None) -> tuple[list, list]:
     """auto against the best fixed k on the synthetic MTP file's own answers (MTP_SYNTH_H100 unless told; with
     `pair` the synthetic pair's, k up to 12 against fixed 1, 2, 3, 5, 8 as the suite runs them): cold, and warm after
-    bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's errors."""
+    bench_engine's warm-up request; greedy answers are one trace, so seeds vary only the calibration's errors.
+    `tuning`: auto's, where not the defaults."""
     path, ks, k_max = (PAIR_WALK_FILE, (1, 2, 3, 5, 8), 12) if pair else (WALK_FILE, (1, 2, 3), 3)
     session, warm_up = walk_session(path=path), walk_session(("warm",), path)
     best = max(simulate(FixedPolicy(k), machine, 0.0, session=session).throughput for k in ks)
     cold, warm = [], []
+    auto = (lambda: AutoPolicy(draft_max=k_max, tuning=tuning)) if tuning else \
+        (lambda: make_policy("auto", draft_max=k_max))
     for seed in range(seeds):
-        cold.append(simulate(make_policy("auto", draft_max=k_max), machine, 0.0, session=session, seed=seed,
+        cold.append(simulate(auto(), machine, 0.0, session=session, seed=seed,
                              calibration=calibration).throughput / best)
-        policy = make_policy("auto", draft_max=k_max)
+        policy = auto()
         simulate(policy, machine, 0.0, session=warm_up, seed=seed, calibration=calibration)
         warm.append(simulate(policy, machine, 0.0, session=session, seed=seed).throughput / best)
     return cold, warm
