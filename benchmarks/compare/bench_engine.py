@@ -62,9 +62,9 @@ from llamaspec.kinds import drafter_kind  # noqa: E402
 from llamaspec.loading import snapshot_reach  # noqa: E402
 from llamaspec.errors import InvalidParameterError  # noqa: E402
 from llamaspec.backend import default_threads, library_version, supports_gpu_offload  # noqa: E402
-from llamaspec.bench import auto_state  # noqa: E402
+from llamaspec.bench import H100_MTP27B_COSTS, auto_state  # noqa: E402
 from llamaspec.bench.synthetic import LABEL as SYNTH, SyntheticAcceptance, parse_rates, resolve_rates  # noqa: E402
-from llamaspec.policy import AutoPolicy, AutoTuning, Costs, make_policy  # noqa: E402
+from llamaspec.policy import AutoPolicy, AutoTuning, make_policy  # noqa: E402
 
 CODE = [
     "def quicksort(arr):",
@@ -161,10 +161,6 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs; {gpu}; llama-cpp-python {library_version()}"
 
 
-# the H100's 27B hybrid as its load priced it (seconds): passes of 1-4 tokens, a drafted token, cold passes' excess
-_SPEED_COSTS = Costs(verify={1: 0.0118, 2: 0.0128, 3: 0.0152, 4: 0.0181}, draft=0.00126, excess=[0.0073] * 4)
-
-
 def python_speed(steps: int = 2000, repeats: int = 5) -> tuple[float, float]:
     """How fast this host runs a step's Python, to compare Python shares between machines by (the same code spent
     0.22 and 0.49 ms of Python a step on two H100 hosts): (microseconds a step, the median of `repeats`; drafted
@@ -176,7 +172,7 @@ def python_speed(steps: int = 2000, repeats: int = 5) -> tuple[float, float]:
     times, drafted = [], 0
     for _ in range(repeats):
         rng, policy, drafted = random.Random(0), AutoPolicy(draft_max=12), 0
-        policy.attach("per_token", _SPEED_COSTS)
+        policy.attach("per_token", H100_MTP27B_COSTS)
         start = time.perf_counter()
         for i in range(steps):
             if i % 128 == 0:

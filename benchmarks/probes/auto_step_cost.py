@@ -11,7 +11,7 @@ rollback, as the Python share counts it) in interleaved rounds, and `auto` itsel
 replay - fixed is what a policy object costs the engine, replay-mix - replay what changes of length cost, replay+auto
 - replay what `auto`'s own bookkeeping costs; auto - replay+auto what its own choices (their lengths, its shadow
 probes) cost a step beyond that. replay+auto's AutoPolicy starts from the costs the H100's 27B hybrid measured at load
-(H100_MTP), so that it reasons as it did there.
+(llamaspec.bench.H100_MTP27B_COSTS), so that it reasons as it did there.
 
     python benchmarks/probes/auto_step_cost.py --target T.gguf --drafter mtp [--k 2] [-n 256] [--repeat 5]
         [--mix 0s03333333333333333333332222222222] [--no-repack --threads 2]
@@ -22,12 +22,11 @@ import argparse
 import statistics
 
 from llamaspec import load_pair
-from llamaspec.policy import AutoPolicy, Costs, DraftPolicy, FixedPolicy
+from llamaspec.bench import H100_MTP27B_COSTS
+from llamaspec.policy import AutoPolicy, DraftPolicy, FixedPolicy
 
 # auto's first request on the H100's 27B MTP file, greedy (h100-auto-suite-uniform-mtp-greedy-at-1dfe9ae.md)
 FIRST_REQUEST = "0s0333333333333333333332222222222222222222222222222222222221"
-# the costs it measured there at load (seconds): target passes of 1-4 tokens, a drafted token, cold passes' excess
-H100_MTP = Costs(verify={1: 0.0118, 2: 0.0128, 3: 0.0152, 4: 0.0181}, draft=0.00126, excess=[0.0073] * 4)
 
 
 class Replay(DraftPolicy):
@@ -78,7 +77,7 @@ def main() -> None:
 
     def watcher() -> AutoPolicy:
         policy = AutoPolicy(draft_max=reach)
-        policy.attach("per_token", H100_MTP)
+        policy.attach("per_token", H100_MTP27B_COSTS)
         return policy
 
     variants = {"fixed": lambda: FixedPolicy(a.k),
