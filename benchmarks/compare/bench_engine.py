@@ -408,7 +408,9 @@ def parse_mode(mode: str) -> tuple[str, bool, float | None, int | None, dict]:
                 AutoTuning(**tuning)
             else:
                 raise ValueError
-        except (ValueError, InvalidParameterError):
+        except InvalidParameterError as e:   # a field out of its range: AutoTuning says which
+            raise ValueError(f"{mode!r}: {e}") from None
+        except ValueError:
             raise ValueError(f"{mode!r}: options are p=NUMBER, max=N (N >= 1) and, for auto, FIELD=NUMBER of "
                              f"AutoTuning ({', '.join(tunable)})") from None
     return name.removesuffix("+warm"), name.endswith("+warm"), p_min, draft_max, tuning

@@ -275,9 +275,11 @@ def test_open_ended_modes_draft_as_far_as_a_users_load_lets_them(tmp_path):
     tuned = bench.mode_policy("auto", None, None, reach, None, tuning)
     assert (tuned.tuning.tail_seen, tuned.tuning.horizon, tuned.draft_max) == (5.0, 8, 3)
     assert bench.mode_policy("auto", None, None, reach).tuning == AutoTuning()
-    for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p=", "fixed:tail_seen=3", "auto:horizon=0",
-                "auto:tail_seen=-1"):
+    for bad in ("auto:max=0", "auto:max=x", "auto:q=1", "auto:p=", "fixed:tail_seen=3", "auto:horizon=x"):
         with pytest.raises(ValueError, match="options are"):
+            bench.parse_mode(bad)
+    for bad, why in (("auto:horizon=0", "horizon must be an integer >= 1"), ("auto:tail_seen=-1", "tail_seen must")):
+        with pytest.raises(ValueError, match=why):
             bench.parse_mode(bad)
     plain_kv = tmp_path / "llama.gguf"   # a target whose memory drops rejected tokens itself: auto's own 12
     plain_kv.write_bytes(tiny_llama().to_bytes())
