@@ -24,8 +24,8 @@ from ..stats import GenerationStats
 
 WARMUP_TOKENS = 8
 # the costs the H100's random-weight 27B MTP file measured at load (seconds; results/h100-auto-suite-uniform-mtp-
-# greedy-at-1dfe9ae.md): target passes of 1-4 tokens, a drafted token, cold passes' excess. Benchmarks that run `auto` without a model start it
-# from these, so that it reasons as it did there.
+# greedy-at-1dfe9ae.md): target passes of 1-4 tokens, a drafted token, cold passes' excess. Benchmarks that run
+# `auto` without a model start it from these, so that it reasons as it did there.
 H100_MTP27B_COSTS = Costs(verify={1: 0.0118, 2: 0.0128, 3: 0.0152, 4: 0.0181}, draft=0.00126, excess=[0.0073] * 4)
 
 
