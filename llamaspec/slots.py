@@ -236,10 +236,11 @@ class Engine:
         return active + [joining]
 
     def _draft_lens(self, active: list[Slot]) -> dict[int, tuple[int, bool]]:
-        """Each active slot's draft length, and whether it takes a one-token shadow probe on a plain step. With two
-        or more slots, the batch policy chooses for those whose policy is auto (policy/batch.py); alone, or with
-        another policy, a slot's own policy chooses. Clamped so that all slots' runs fit in one batch and a rejection
-        stays within what the target's memory can undo (k_cap)."""
+        """Each active slot's draft length, and whether it takes a probe: on a plain step a one-token shadow probe, on
+        a drafting one a tail probe (one token past k, drafted, never verified). With two or more slots, the batch
+        policy chooses for those whose policy is auto (policy/batch.py); alone, or with another policy, a slot's own
+        policy chooses. Clamped so that all slots' runs fit in one batch and a rejection stays within what the
+        target's memory can undo (k_cap)."""
         if len(active) == 1:   # alone: the slot's own policy, within its room, its budget, one batch
             s = active[0]
             room = s.seq.n_ctx - len(s.history) - 1
@@ -247,7 +248,7 @@ class Engine:
             k = max(min(asked, room, s.max_tokens - s.n_out - 1, self.target.n_batch - 1, self.target.k_cap), 0)
             s.together = False
             # a one-token shadow probe on a plain step, or on a drafting one a tail probe (one token past k)
-            fits = (k + 1 <= room and self.target.tail_probes) if k else (not asked and room > 0)
+            fits = k + 1 <= room if k else not asked and room > 0
             return {s.index: (k, fits and self.speculative and s.hooks.shadow_len() > 0)}
         share = max(self.target.n_batch // max(len(active), 1) - 1, 0)   # every slot's run fits in one batch
         rooms = [s.seq.n_ctx - len(s.history) - 1 for s in active]
@@ -258,8 +259,9 @@ class Engine:
         lens = {}
         for s, k, room, chosen, probe in zip(active, ks, rooms, together, probes):
             s.together = chosen
-            due = probe if chosen else s.hooks.shadow_len() > 0
-            lens[s.index] = k, not k and room > 0 and self.speculative and due
+            # as alone: a shadow probe on a plain step the policy asked to be plain, a tail probe on a drafting one
+            fits = k + 1 <= room if k else room > 0 and (chosen or not s.policy.next_draft_len())
+            lens[s.index] = k, fits and self.speculative and (probe if chosen else s.hooks.shadow_len() > 0)
         return lens
 
     def _accept(self, slot: Slot, draft: Draft, probe: Draft | None, draft_seconds: float, pass_seconds: float):
@@ -296,7 +298,7 @@ class Engine:
         # Rolling back is part of each phase's cost, so `auto` drafts less where it is expensive.
         verify_seconds, own_seconds = pass_seconds + t1 - t0, draft_seconds + t2 - t1
         if slot.together:   # the pass's timings are the batch's (record_step): the slot's policy learns acceptance
-            self.policy.slot_step(slot.index, slot.policy, len(drafted), n_accepted, chance)
+            self.policy.slot_step(slot.index, slot.policy, len(drafted), n_accepted, chance, tail=bool(drafted))
         else:
             if probe is not None:   # (a tail probe's chance is None where a rejection came first)
                 slot.hooks.shadow(chance, own_seconds)

@@ -136,7 +136,6 @@ class LoneTarget:
 
     n_seq = 1
     recurrent = False   # one slot: the batch policy's common width never applies
-    tail_probes = True  # a draft one token longer than verified, its last judged only (Engine._draft_lens)
 
     def __init__(self, pair):
         self.pair, self.ctx, self.drafter = pair, pair.target_ctx, pair.drafter
@@ -313,7 +312,6 @@ class LoneTarget:
 class SharedTarget:
     """`n_seq` sequences over shared contexts of the pair's models (n_ctx tokens in all, n_ctx / n_seq a sequence)."""
 
-    tail_probes = False   # the sequences' drafts are made together (propose_all): a shadow probe on plain steps only
 
     def __init__(self, pair, n_seq: int, n_ctx: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         why = batch_support(pair)
@@ -434,18 +432,23 @@ class SharedTarget:
         return scratch
 
     def draft(self, active: list[Slot], joining: Slot | None, lens: dict) -> tuple[dict, dict, int]:
-        """Each active slot's draft (empty on a plain step) and, on a plain step the policy wants judged, a one-token
-        shadow probe; lookup first where the pair has it, the draft model for all the rest in one set of decodes
-        (with a chunk of the joining slot's prompt riding along); and the draft rounds (0 where one caught up first)."""
+        """Each active slot's draft (empty on a plain step) and its probe where the policy wants one judged: on a
+        plain step a one-token shadow probe, on a drafting one a tail probe (one token past k, drafted with the k:
+        `Draft.split`); lookup first where the pair has it, the draft model for all the rest in one set of decodes
+        (with a chunk of the joining slot's prompt riding along); and the draft rounds (0 where one caught up first;
+        a tail probe's token is a round)."""
         drafts, probes, jobs, behind = {}, {}, [], False
         for s in active:
             k, probe = lens[s.index]
-            found = drafts if k else probes
             ran, s.from_model, drafts[s.index] = s.from_model, False, Draft([])   # ran: its drafter ran last step
-            if (k or probe) and s.lookup is not None:
-                found[s.index] = s.lookup.propose(s.history, s.last, k or 1, s.policy.draft_p_min)
-            if (k or probe) and s.draft is not None and not found.get(s.index, Draft([])).tokens:
-                jobs.append((s, found, DraftJob(s.draft, s.history, s.last, k or 1, s.policy.draft_p_min)))
+            if not (k or probe):
+                continue
+            n = k + 1 if k and probe else k or 1
+            found = s.lookup.propose(s.history, s.last, n, s.policy.draft_p_min) if s.lookup is not None else None
+            if found is not None and found.tokens or s.draft is None:
+                _place(drafts, probes, s.index, k, probe, found or Draft([]))
+            else:
+                jobs.append((s, k, probe, DraftJob(s.draft, s.history, s.last, n, s.policy.draft_p_min)))
                 behind = behind or (k and not ran)
         if self.mtp is not None:   # the head catches up on a joining prompt, or plain steps, as it lags
             drafting = {s.index for s, *_ in jobs}
@@ -456,10 +459,11 @@ class SharedTarget:
             chunk = self.prefill_chunk if active else self.n_batch
             prefills = [(joining.draft, chunk)] if joining is not None and joining.draft else []
             made = propose_all(self.draft_ctx, [j for *_, j in jobs], prefills) if jobs or prefills else []
-        for (s, found, _), draft in zip(jobs, made):
-            found[s.index], s.from_model = draft, True
-        rounds = max((len(d.tokens) for (_, found, _), d in zip(jobs, made) if found is drafts), default=0)
-        return drafts, probes, 0 if behind else rounds   # (a probe's one token is not a round either)
+        for (s, k, probe, _), draft in zip(jobs, made):
+            _place(drafts, probes, s.index, k, probe, draft)
+            s.from_model = True
+        rounds = max((len(d.tokens) for (_, k, *_), d in zip(jobs, made) if k), default=0)
+        return drafts, probes, 0 if behind else rounds   # (a shadow probe's one token is not a round)
 
     def decode(self, active: list[Slot], drafts: dict, joining: Slot | None, draft_seconds: float,
                rounds: int) -> None:
@@ -547,3 +551,13 @@ class SharedTarget:
         if self.mtp is not None:
             self.mtp.close()
         self.ctx.close()
+
+
+def _place(drafts: dict, probes: dict, index: int, k: int, probe: bool, draft: Draft) -> None:
+    """A slot's proposal where SharedTarget.draft returns it: its draft, its shadow probe, or both split at k."""
+    if k and probe:
+        drafts[index], probes[index] = draft.split(k)
+    elif k:
+        drafts[index] = draft
+    else:
+        probes[index] = draft

@@ -85,6 +85,7 @@ class BatchPolicy:
                 for rounds, seconds in steps.items():
                     self.rounds.add(rounds, seconds)
         self.hopeless: set[int] = set()          # asks of the last allocation that not even a perfect draft pays
+        self._curve = None                       # its verify curve (None: nothing measured yet)
         self._probes: dict[int, list[int]] = {}   # slot -> [plain steps since its last probe, probe interval,
         #                                           1 while a passed probe waits to be judged by the next allocation]
         self.steps = self.decided = 0            # steps learnt from; steps whose lengths this policy chose
@@ -128,6 +129,9 @@ class BatchPolicy:
         ks = self.allocate(asks, recurrent)
         probes = [chosen and i not in self.hopeless and self.probe_due(slot, k)
                   for i, (slot, k, chosen) in enumerate(zip(slots, ks, together))]
+        for i, (k, chosen) in enumerate(zip(ks, together)):
+            if chosen and k == 1:
+                probes[i] = self._tail_due(i, policies[i], asks, ks, recurrent)
         return ks, together, probes
 
     def allocate(self, asks: list[Ask], recurrent: bool = False) -> list[int]:
@@ -135,7 +139,7 @@ class BatchPolicy:
         ks = [max(min(a.k, a.cap), 0) if a.acceptances is None else 0 for a in asks]
         chosen = [i for i, a in enumerate(asks) if a.acceptances is not None and a.cap > 0]
         caps = {i: min(asks[i].cap, len(asks[i].acceptances) - 1) for i in chosen}
-        self.hopeless = set()
+        self.hopeless, self._curve = set(), None
         if chosen:
             # sizes measured warm only, beyond the largest at half the slope of the last two: a size tried once, cold,
             # or never (on a hybrid, n rows of one sequence, the costs from load, cost more than n rows of several)
@@ -145,6 +149,7 @@ class BatchPolicy:
                 for i in chosen:
                     ks[i] = min(self.tuning.k_start, caps[i])
             else:
+                self._curve = curve
                 pick = self._widths if recurrent else self._greedy
                 for i, k in pick(asks, ks, caps, curve).items():
                     ks[i] = k
@@ -160,16 +165,34 @@ class BatchPolicy:
         prior = [1.0] + [self.tuning.prior] * max(ks + [0])
         return sum(expected_tokens(prior if a.acceptances is None else a.acceptances, k) for a, k in zip(asks, ks))
 
+    def _seconds(self, lens: list[int], curve, recurrent: bool) -> float:
+        """A step's time with these lengths: the draft rounds and the shared pass (a recurrent target's padded)."""
+        rows = len(lens) * (max(lens) + 1) if recurrent else sum(k + 1 for k in lens)
+        return self.t_draft(max(lens)) + curve[rows]
+
     def _hopeless(self, asks, ks, caps, curve, recurrent) -> set[int]:
         """The chosen slots given no draft for which even a draft that is always right would not pay beside the
         others' lengths: a probe of their acceptance cannot change the verdict (the cost keeps them plain)."""
-        def seconds(lens):
-            rows = len(lens) * (max(lens) + 1) if recurrent else sum(k + 1 for k in lens)
-            return self.t_draft(max(lens)) + curve[rows]
-
-        tokens, now = self._tokens(asks, ks), seconds(ks)
+        tokens, now = self._tokens(asks, ks), self._seconds(ks, curve, recurrent)
         return {i for i, cap in caps.items() if not ks[i] and not any(
-            (tokens + j) * now > tokens * seconds(ks[:i] + [j] + ks[i + 1:]) for j in range(1, cap + 1))}
+            (tokens + j) * now > tokens * self._seconds(ks[:i] + [j] + ks[i + 1:], curve, recurrent)
+            for j in range(1, cap + 1))}
+
+    def _tail_due(self, i: int, policy, asks: list[Ask], ks: list[int], recurrent: bool) -> bool:
+        """Whether slot i, given one token, drafts one more to judge position 2 (the engine drafts it with the
+        first and never verifies it; AutoPolicy._tail_due's rule, beside the others' lengths): while position 2 is
+        judged less than `tail_seen` times (faded), its estimate `tail_gap` under position 1's, and two tokens for
+        this slot would beat one were position 2 as good as position 1. Without it a slot the batch keeps at one
+        token never judges position 2 again."""
+        t, ask, curve = self.tuning, asks[i], self._curve
+        a = ask.acceptances
+        if curve is None or ask.cap < 2 or len(a) < 3 or policy.model.per_pass or \
+                policy.accept.seen[2] >= t.tail_seen or a[2] > a[1] - t.tail_gap:
+            return False
+        two = ks[:i] + [2] + ks[i + 1:]
+        tokens = self._tokens(asks, ks)
+        hoped = tokens + a[1] * a[1]   # position 2 at position 1's estimate, behind an accepted first token
+        return hoped * self._seconds(ks, curve, recurrent) > tokens * self._seconds(two, curve, recurrent)
 
     def _greedy(self, asks, ks, caps, curve) -> dict[int, int]:
         fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here
@@ -239,14 +262,16 @@ class BatchPolicy:
         else:
             state[1] = min(2 * state[1], t.max_probe_interval)
 
-    def slot_step(self, slot: int, policy, drafted: int, accepted: int, probe: float | None = None) -> None:
+    def slot_step(self, slot: int, policy, drafted: int, accepted: int, probe: float | None = None,
+                  tail: bool = False) -> None:
         """What the auto policy of a slot whose length was chosen here learns from its step: acceptance only (the
-        pass's timings are the batch's: record_step); `probe`, a shadow probe's chance, also sets its back-off."""
-        if probe is not None:
+        pass's timings are the batch's: record_step). `probe`: a shadow probe's chance, which also sets its
+        back-off, or with `tail` a tail probe's (position drafted + 1; None where a rejection came first)."""
+        if probe is not None and not tail:
             policy.accept.record_first(probe)
             self.probed(slot, probe)
         if drafted:
-            policy.accept.record_draft(drafted, accepted)
+            policy.accept.record_draft(drafted, accepted, probe if tail else None)
 
     def probe_interval(self, slot: int) -> int:
         return self._probe_state(slot)[1]

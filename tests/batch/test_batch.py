@@ -598,3 +598,89 @@ def test_each_batched_request_tells_its_policy_the_tokens_it_follows(pair):
     finally:
         pair.set_policy(FixedPolicy(4))
     assert sorted(_HELD) == sorted(len(pair.tokenize(p)) - 1 for p in PROMPTS[:2])
+
+
+def _recording_proposals(p, engine):
+    """Record every draft the pair's drafter makes alone and every one the engine's batched drafter makes, keyed by
+    (history, last): a drafter that drafts the same at the same history holds the same cache."""
+    solo, batched = {}, {}
+    propose = p.drafter.propose
+
+    def recording(history, last, max_len, p_min):
+        draft = propose(history, last, max_len, p_min)
+        solo[(*history, last)] = draft.tokens
+        return draft
+
+    p.drafter.propose = recording
+    target = engine.target
+    if target.mtp is not None:
+        propose_all = target.mtp.propose_all
+        target.mtp.propose_all = lambda jobs, idle: _record(batched, jobs, propose_all(jobs, idle))
+    else:
+        import llamaspec.targets as targets
+        original = targets.propose_all
+        targets.propose_all = lambda ctx, jobs, prefills: _record(batched, jobs, original(ctx, jobs, prefills))
+        batched["restore"] = lambda: setattr(targets, "propose_all", original)
+    return solo, batched
+
+
+def _record(into: dict, jobs, drafts):
+    into.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
+    return drafts
+
+
+@pytest.mark.parametrize("model", ["draft", "mtp-qwen35", "mtp-glm4moe"])
+def test_tail_probes_in_a_batch_draft_and_leave_each_cache_as_alone(tiny_models, arch_dir, model):
+    """A tail probe (one token drafted past k, judged by the target's next token, never verified: policy/auto.py
+    _tail_due) in the shared engine: each slot's drafter proposes k + 1 in the batched decodes and the target
+    verifies k. Every prompt's tokens are plain decoding's, every proposal is the one the drafter makes alone at
+    the same history (its cache holds no probe token: a random MTP head shows a wrong entry), and the probes were
+    judged where the draft token was kept."""
+    from support.probes import TailEvery
+
+    if model == "draft":
+        kw, prompts = dict(target=tiny_models["target"], draft=tiny_models["noisy"]), PROMPTS[:4]
+    else:
+        path = make_mtp_model(model.split("-")[1], arch_dir, head="random")
+        kw, prompts = dict(target=str(path), drafter="mtp"), HYBRID_PROMPTS[:4]
+    with load_pair(**kw, policy="fixed", draft_max=3, **SETTINGS) as p:
+        p.set_policy(FixedPolicy(0))
+        plain = alone(p, prompts, max_tokens=16)
+        p.set_policy(TailEvery())
+        engine = p.engine(4, p.n_ctx * 4)
+        solo, batched = _recording_proposals(p, engine)
+        try:
+            expected = alone(p, prompts, max_tokens=16)
+            got = p.generate_batch(prompts, n_seq=4, max_tokens=16)
+        finally:
+            batched.pop("restore", lambda: None)()
+        assert p._shared is engine
+    assert [c.tokens for c in got] == [c.tokens for c in expected] == [c.tokens for c in plain]
+    assert all(c.stats.tail_probes > 0 for c in got)
+    assert [(c.stats.tail_probes, c.stats.drafted, c.stats.accepted) for c in got] == \
+        [(c.stats.tail_probes, c.stats.drafted, c.stats.accepted) for c in expected]
+    assert all(len(d) == 2 for d in batched.values()) and len(batched) > 2 * len(prompts)
+    assert all(solo[key] == d for key, d in batched.items())
+
+
+def test_slots_drafting_together_take_the_batch_policys_tail_probes(pair, monkeypatch):
+    """`auto` slots sharing a pass get their lengths and probes from the batch policy (policy/batch.py
+    _tail_due): where it gives a slot one token and asks a tail probe, the slot's drafter proposes two, the target
+    verifies one, the output is the one alone, and the slot's own policy has position 2 judged by the probes."""
+    from llamaspec.policy import AutoPolicy
+    from llamaspec.policy.batch import BatchPolicy
+
+    expected = alone(pair, PROMPTS[:3], max_tokens=20)
+    monkeypatch.setattr(BatchPolicy, "allocate", lambda self, asks, recurrent=False: [min(1, a.cap) for a in asks])
+    monkeypatch.setattr(BatchPolicy, "_tail_due", lambda self, *args: True)
+    pair.set_policy(AutoPolicy(draft_max=4))
+    try:
+        got = pair.generate_batch(PROMPTS[:3], max_tokens=20)
+        slots = pair._shared.slots
+    finally:
+        pair.set_policy(FixedPolicy(4))
+    assert [c.tokens for c in got] == [c.tokens for c in expected]
+    assert all(c.stats.tail_probes > 0 for c in got) and sum(c.stats.accepted for c in got) > 0
+    assert all(1 <= c.stats.drafted <= c.stats.target_passes for c in got)   # one token verified a step
+    # position 2 judged wherever a first token was kept (a probe behind a rejection is not judged)
+    assert [s.policy.accept.seen[2] > 0 for s in slots[:3]] == [c.stats.accepted > 0 for c in got]

@@ -240,3 +240,53 @@ def test_the_shared_pass_is_priced_at_the_context_its_sequences_hold():
     deep = batch_at(range(40_000, 70_001, 3_000))
     assert deep.model.depth.slope == pytest.approx(per_token, rel=0.05)
     assert deep.t_pass(4) == pytest.approx(base[4] + per_token * 70_000, rel=0.01)
+
+
+def test_a_slot_the_batch_keeps_at_one_token_asks_position_two_with_tail_probes():
+    """Slots drafting together are given lengths here, not by their own policy: a slot held at one token by a
+    poor early estimate of position 2 asks it with tail probes (one token drafted past the draft, judged by the
+    target's next token) while position 2 is judged less than `tail_seen` times, its estimate `tail_gap` under
+    position 1's, and two tokens would pay were it as good; the judgements raise it until the batch gives two.
+    Without them (tail_seen=0) the slot stays at one token."""
+    def held_at_one(steep, **tuning):
+        bp = policy(lambda n: 10 + steep * n, 0.5, **tuning)
+        slots = [AutoPolicy(draft_max=8) for _ in range(2)]
+        for _ in range(3):
+            slots[0].accept.record_draft(2, 1)   # position 2 rejected on its first judgements
+        for _ in range(6):
+            slots[1].accept.record_draft(3, 3)
+        return bp, slots
+
+    def run(steep, **tuning):
+        bp, slots = held_at_one(steep, **tuning)
+        seen, asked = [], 0
+        for _ in range(12):
+            ks, _, probes = bp.lengths([0, 1], slots, [8, 8])
+            seen.append(ks[0])
+            asked += probes[0]
+            assert not probes[1]                  # drafting more than one: no tail probe
+            bp.slot_step(0, slots[0], ks[0], ks[0], 1.0 if probes[0] else None, tail=True)
+            bp.slot_step(1, slots[1], ks[1], ks[1], None, tail=True)
+        return seen, asked
+
+    seen, asked = run(3.0)
+    assert seen[0] == 1 and asked >= 3 and seen[-1] >= 2
+    seen, asked = run(3.0, tail_seen=0.0)
+    assert seen == [1] * 12 and asked == 0
+    bp, slots = held_at_one(40.0)   # a pass so steep that two tokens would not pay even at position 1's estimate
+    assert bp.lengths([0, 1], slots, [8, 8])[::2] == ([1, 8], [False, False])
+    bp, slots = held_at_one(3.0)
+    for _ in range(5):
+        slots[0].accept.record_draft(2, 1)   # position 2 judged poor often enough: believed
+    assert slots[0].accept.seen[2] >= AutoTuning().tail_seen
+    assert bp.lengths([0, 1], slots, [8, 8])[::2] == ([1, 8], [False, False])
+
+
+def test_a_tail_probe_judges_position_two_and_no_plain_probe_back_off():
+    bp = BatchPolicy(AutoTuning(probe_every=2))
+    slot = AutoPolicy(draft_max=4)
+    bp.slot_step(0, slot, 1, 1, 1.0, tail=True)
+    assert slot.accept.seen[1] == slot.accept.seen[2] == 1.0 and slot.accept.estimates()[2] > 0.5
+    bp.slot_step(0, slot, 1, 0, None, tail=True)   # rejected first: position 2 not judged
+    assert slot.accept.seen[2] < 1.0 and slot.accept.seen[1] > 1.0
+    assert bp.probe_interval(0) == 2               # a tail probe's chance sets no shadow probe's back-off
