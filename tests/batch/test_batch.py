@@ -382,33 +382,45 @@ def test_greedy_mtp_batch_equals_each_prompt_alone(arch_dir, drafter):
         assert [c.tokens for c in again] == [c.tokens for c in alone(p, prompts, max_tokens=12)]
 
 
+def _recording_proposals(p, engine, monkeypatch):
+    """Record every draft the pair's drafter makes alone and every one the engine's batched drafter makes, keyed by
+    (history, last): a drafter that drafts the same at the same history holds the same cache."""
+    solo, batched = {}, {}
+    propose = p.drafter.propose
+
+    def recording(history, last, max_len, p_min):
+        draft = propose(history, last, max_len, p_min)
+        solo[(*history, last)] = draft.tokens
+        return draft
+
+    monkeypatch.setattr(p.drafter, "propose", recording)
+    if engine.target.mtp is not None:
+        propose_all = engine.target.mtp.propose_all
+        monkeypatch.setattr(engine.target.mtp, "propose_all",
+                            lambda jobs, idle: _record(batched, jobs, propose_all(jobs, idle)))
+    else:
+        import llamaspec.targets as targets
+        original = targets.propose_all
+        monkeypatch.setattr(targets, "propose_all",
+                            lambda ctx, jobs, prefills: _record(batched, jobs, original(ctx, jobs, prefills)))
+    return solo, batched
+
+
+def _record(into: dict, jobs, drafts):
+    into.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
+    return drafts
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "glm4moe"])   # a hybrid target and an attention one
-def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch):
+def test_each_slots_mtp_head_drafts_what_it_drafts_alone(arch_dir, arch, monkeypatch):
     """A random head (its drafts depend on the hidden states it reads and on its whole cache): every proposal a
     slot's head makes in a batch is the one the head makes alone at the same history, so each head sequence reads
     its own slot's rows of the shared decodes, at the right positions."""
     path = make_mtp_model(arch, arch_dir, head="random")
     with load_pair(str(path), drafter="mtp", policy="fixed", draft_max=3, **SETTINGS) as p:
-        solo: dict = {}
-        propose = p.drafter.propose
-
-        def recording(history, last, max_len, p_min):
-            draft = propose(history, last, max_len, p_min)
-            solo[(*history, last)] = draft.tokens
-            return draft
-
-        p.drafter.propose = recording
-        expected = alone(p, HYBRID_PROMPTS, max_tokens=16)
         engine = p.engine(4, p.n_ctx * 4)
-        batched: dict = {}
-        propose_all = engine.target.mtp.propose_all
-
-        def recording_all(jobs, idle):
-            drafts = propose_all(jobs, idle)
-            batched.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
-            return drafts
-
-        engine.target.mtp.propose_all = recording_all
+        solo, batched = _recording_proposals(p, engine, monkeypatch)
+        expected = alone(p, HYBRID_PROMPTS, max_tokens=16)
         got = p.generate_batch(HYBRID_PROMPTS, n_seq=4, max_tokens=16)
         assert p._shared is engine
         p.set_policy(FixedPolicy(0))   # plain decoding: a random head's drafts are rejected at nearly every step
@@ -600,37 +612,8 @@ def test_each_batched_request_tells_its_policy_the_tokens_it_follows(pair):
     assert sorted(_HELD) == sorted(len(pair.tokenize(p)) - 1 for p in PROMPTS[:2])
 
 
-def _recording_proposals(p, engine):
-    """Record every draft the pair's drafter makes alone and every one the engine's batched drafter makes, keyed by
-    (history, last): a drafter that drafts the same at the same history holds the same cache."""
-    solo, batched = {}, {}
-    propose = p.drafter.propose
-
-    def recording(history, last, max_len, p_min):
-        draft = propose(history, last, max_len, p_min)
-        solo[(*history, last)] = draft.tokens
-        return draft
-
-    p.drafter.propose = recording
-    target = engine.target
-    if target.mtp is not None:
-        propose_all = target.mtp.propose_all
-        target.mtp.propose_all = lambda jobs, idle: _record(batched, jobs, propose_all(jobs, idle))
-    else:
-        import llamaspec.targets as targets
-        original = targets.propose_all
-        targets.propose_all = lambda ctx, jobs, prefills: _record(batched, jobs, original(ctx, jobs, prefills))
-        batched["restore"] = lambda: setattr(targets, "propose_all", original)
-    return solo, batched
-
-
-def _record(into: dict, jobs, drafts):
-    into.update({(*j.history, j.last): d.tokens for j, d in zip(jobs, drafts)})
-    return drafts
-
-
 @pytest.mark.parametrize("model", ["draft", "mtp-qwen35", "mtp-glm4moe"])
-def test_tail_probes_in_a_batch_draft_and_leave_each_cache_as_alone(tiny_models, arch_dir, model):
+def test_tail_probes_in_a_batch_draft_and_leave_each_cache_as_alone(tiny_models, arch_dir, model, monkeypatch):
     """A tail probe (one token drafted past k, judged by the target's next token, never verified: policy/auto.py
     _tail_due) in the shared engine: each slot's drafter proposes k + 1 in the batched decodes and the target
     verifies k. Every prompt's tokens are plain decoding's, every proposal is the one the drafter makes alone at
@@ -648,12 +631,9 @@ def test_tail_probes_in_a_batch_draft_and_leave_each_cache_as_alone(tiny_models,
         plain = alone(p, prompts, max_tokens=16)
         p.set_policy(TailEvery())
         engine = p.engine(4, p.n_ctx * 4)
-        solo, batched = _recording_proposals(p, engine)
-        try:
-            expected = alone(p, prompts, max_tokens=16)
-            got = p.generate_batch(prompts, n_seq=4, max_tokens=16)
-        finally:
-            batched.pop("restore", lambda: None)()
+        solo, batched = _recording_proposals(p, engine, monkeypatch)
+        expected = alone(p, prompts, max_tokens=16)
+        got = p.generate_batch(prompts, n_seq=4, max_tokens=16)
         assert p._shared is engine
     assert [c.tokens for c in got] == [c.tokens for c in expected] == [c.tokens for c in plain]
     assert all(c.stats.tail_probes > 0 for c in got)
