@@ -312,7 +312,6 @@ class LoneTarget:
 class SharedTarget:
     """`n_seq` sequences over shared contexts of the pair's models (n_ctx tokens in all, n_ctx / n_seq a sequence)."""
 
-
     def __init__(self, pair, n_seq: int, n_ctx: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         why = batch_support(pair)
         if why is not None:

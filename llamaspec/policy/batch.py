@@ -182,17 +182,20 @@ class BatchPolicy:
         """Whether slot i, given one token, drafts one more to judge position 2 (the engine drafts it with the
         first and never verifies it; AutoPolicy._tail_due's rule, beside the others' lengths): while position 2 is
         judged less than `tail_seen` times (faded), its estimate `tail_gap` under position 1's, and two tokens for
-        this slot would beat one were position 2 as good as position 1. Without it a slot the batch keeps at one
-        token never judges position 2 again."""
+        this slot would beat one were position 2 as good as position 1 (on a recurrent target, whose runs share one
+        width, every slot drafting one would draft two). Without it a slot the batch keeps at one token never judges
+        position 2 again."""
         t, ask, curve = self.tuning, asks[i], self._curve
         a = ask.acceptances
         if curve is None or ask.cap < 2 or len(a) < 3 or policy.model.per_pass or \
                 policy.accept.seen[2] >= t.tail_seen or a[2] > a[1] - t.tail_gap:
             return False
-        two = ks[:i] + [2] + ks[i + 1:]
-        tokens = self._tokens(asks, ks)
-        hoped = tokens + a[1] * a[1]   # position 2 at position 1's estimate, behind an accepted first token
-        return hoped * self._seconds(ks, curve, recurrent) > tokens * self._seconds(two, curve, recurrent)
+        tokens, two, hoped = self._tokens(asks, ks), list(ks), 0.0
+        for j, (other, k) in enumerate(zip(asks, ks)):
+            if j == i or recurrent and k == 1 and other.acceptances is not None and other.cap >= 2:
+                b = other.acceptances
+                two[j], hoped = 2, hoped + b[1] * (b[1] if j == i else b[2])   # position 2 behind an accepted first
+        return (tokens + hoped) * self._seconds(ks, curve, recurrent) > tokens * self._seconds(two, curve, recurrent)
 
     def _greedy(self, asks, ks, caps, curve) -> dict[int, int]:
         fixed_rows, fixed_rounds = sum(k + 1 for k in ks), max(ks)   # the chosen slots' k are 0 here

@@ -282,6 +282,23 @@ def test_a_slot_the_batch_keeps_at_one_token_asks_position_two_with_tail_probes(
     assert bp.lengths([0, 1], slots, [8, 8])[::2] == ([1, 8], [False, False])
 
 
+def test_on_a_recurrent_target_a_tail_probe_asks_whether_one_wider_run_for_all_would_pay():
+    """A hybrid target pads every run to one width: two tokens for a slot held at one means two for every slot
+    drafting one, so the tail probe's question weighs all of them (the others at their own position 2)."""
+    def probes(steep):
+        bp = policy(lambda n: 10 + steep * n, 0.5)
+        slots = [AutoPolicy(draft_max=8) for _ in range(3)]
+        for p in slots:
+            for _ in range(3):
+                p.accept.record_draft(2, 1)
+        ks, _, asked = bp.lengths([0, 1, 2], slots, [8, 8, 8], recurrent=True)
+        assert ks == [1, 1, 1]
+        return asked
+
+    assert probes(1.0) == [True] * 3
+    assert probes(3.0) == [False] * 3   # three more rows of the padded pass: not paid even at position 1's estimate
+
+
 def test_a_tail_probe_judges_position_two_and_no_plain_probe_back_off():
     bp = BatchPolicy(AutoTuning(probe_every=2))
     slot = AutoPolicy(draft_max=4)
