@@ -193,16 +193,25 @@ class AutoPolicy(DraftPolicy):
         k=1 were position 2 as good as position 1. Without it one-token drafts never judge position 2 again. Not at
         other k (there it cost more than it found: auto-policy-notes.md), nor where a draft is one pass (its length
         is the drafter's)."""
-        k, t = self._k, self.tuning
-        if k != 1 or self.draft_max < 2 or self.model.per_pass or self.phase is not Phase.ON or self._hold or \
-                self.step is not Step.ORDINARY or self.accept.seen[k + 1] >= t.tail_seen:
+        k = self._k
+        if k != 1 or self.phase is not Phase.ON or self._hold or self.step is not Step.ORDINARY or \
+                not self.position_two_unsure():
             return False
         a = self.accept.estimates()
-        if a[k + 1] > a[k] - t.tail_gap:
-            return False
         a[k + 1] = a[k]
         speeds = dict(self.model.speeds(a, k + 1, False))
         return k + 1 in speeds and speeds[k + 1] > speeds[k]
+
+    def position_two_unsure(self, estimates: list[float] | None = None, tuning: AutoTuning | None = None) -> bool:
+        """The acceptance half of a tail probe's question, alone or in a batch (BatchPolicy._tail_due, with its own
+        tuning; the cost half, whether two tokens would then pay, is each caller's): position 2 judged fewer than
+        `tail_seen` times (faded) and its estimate `tail_gap` under position 1's. Never where a draft is one pass (its
+        length is the drafter's) or the longest draft is one token."""
+        t = tuning or self.tuning
+        if self.draft_max < 2 or self.model.per_pass or self.accept.seen[2] >= t.tail_seen:
+            return False
+        a = estimates or self.accept.estimates()
+        return a[2] <= a[1] - t.tail_gap
 
     def _plain_step(self, seconds: float, excess: float) -> None:
         """O(1) unless a probe is due: nothing else changed since the last decision. `excess`: what this pass took

@@ -181,14 +181,11 @@ class BatchPolicy:
     def _tail_due(self, i: int, policy, asks: list[Ask], ks: list[int], recurrent: bool) -> bool:
         """Whether slot i, given one token, drafts one more to judge position 2 (the engine drafts it with the
         first and never verifies it; AutoPolicy._tail_due's rule, beside the others' lengths): while position 2 is
-        judged less than `tail_seen` times (faded), its estimate `tail_gap` under position 1's, and two tokens for
-        this slot would beat one were position 2 as good as position 1 (on a recurrent target, whose runs share one
-        width, every slot drafting one would draft two). Without it a slot the batch keeps at one token never judges
-        position 2 again."""
-        t, ask, curve = self.tuning, asks[i], self._curve
-        a = ask.acceptances
-        if curve is None or ask.cap < 2 or len(a) < 3 or policy.model.per_pass or \
-                policy.accept.seen[2] >= t.tail_seen or a[2] > a[1] - t.tail_gap:
+        unsure (AutoPolicy.position_two_unsure), and two tokens for this slot would beat one were position 2 as good
+        as position 1 (on a recurrent target, whose runs share one width, every slot drafting one would draft two).
+        Without it a slot the batch keeps at one token never judges position 2 again."""
+        ask, curve = asks[i], self._curve
+        if curve is None or ask.cap < 2 or not policy.position_two_unsure(ask.acceptances, self.tuning):
             return False
         tokens, two, hoped = self._tokens(asks, ks), list(ks), 0.0
         for j, (other, k) in enumerate(zip(asks, ks)):
