@@ -1413,3 +1413,35 @@ def test_position_two_asked_while_one_token_is_drafted_takes_the_pair_to_two_aft
     cold, warm = walk_cold_and_warm(12, (0.03, 5), PAIR_SYNTH_H100, pair=True)
     assert np.mean(warm) >= np.mean(warm0) + 0.01 and np.mean(cold) >= np.mean(cold0) - 0.002, \
         (np.mean(cold0), np.mean(warm0), np.mean(cold), np.mean(warm))
+
+
+def test_the_mtp_heads_recorded_runs_reach_the_best_fixed_k_in_the_first_request_and_keep_it():
+    """The suite's 27B MTP file (70% head) on the H100 at 43795e6, three rounds each of greedy, T=0.8 with the
+    filters and temperature only (auto 0.976-0.982 of the best fixed k cold, 0.976-0.992 warm): the run's recorded
+    calls fed to a fresh default policy choose what the run drafted (but where a request's end cut a draft short),
+    the first timed request ends on the best fixed k of the run (two tokens greedy and with the filters, one at
+    temperature only) and every request after it drafts only that. A policy change that makes other choices on
+    these calls fails here (a change of k asked to repay its cold passes within 64 steps, not 16, does: it keeps the
+    first request's three-token drafts)."""
+    import json
+    from pathlib import Path
+
+    from support.policy_sim import replay_events
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    for regime, best in (("greedy", 2), ("filters", 2), ("temp", 1)):
+        report = results / f"h100-auto-suite-uniform-mtp-{regime}-at-43795e6.json"
+        rows = {r["mode"]: r for r in json.loads(report.read_text()) if isinstance(r, dict) and "mode" in r}
+        for mode, first_timed in (("auto", 1), ("auto+warm", 2)):
+            for events in rows[mode]["auto_events"]:   # three rounds
+                by_request: dict = {}
+                for step in replay_events(events):
+                    by_request.setdefault(step["request"], []).append(step)
+                for request in by_request.values():
+                    for i, step in enumerate(request):
+                        cut = step["drafted"] < step["chosen"] and i >= len(request) - 2
+                        assert step["chosen"] == step["drafted"] or cut, (regime, mode, i, step)
+                assert by_request[first_timed][-1]["next"] == best, (regime, mode)
+                later = [s for r in sorted(by_request) if r > first_timed for s in by_request[r][:-2]]
+                assert later and all(s["drafted"] == best for s in later), \
+                    (regime, mode, [s["drafted"] for s in later])
