@@ -75,6 +75,21 @@ def _exit_on(name: str) -> None:
 
 
 @contextlib.contextmanager
+def shielded(active: bool = True):
+    """Ctrl-C ignored inside the block (`active`, in the main thread, under Python's own SIGINT handler): what must
+    finish once a stop was asked, a stopped reply put away, is not cut short by the next Ctrl-C."""
+    previous = None
+    if active and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def signals_stop():
     """Run a call into llama.cpp so that Ctrl-C, SIGTERM or SIGHUP stops it (through `requested()`) and then
     raises KeyboardInterrupt or SystemExit(128 + the signal). Outside the main thread, or under handlers someone

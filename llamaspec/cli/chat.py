@@ -179,6 +179,7 @@ class ChatSession:
                 click.echo(dim("the conversation no longer fits in the context: /reset starts a new one "
                                "(or restart with a larger -c)"))
             return
+        from ..interrupt import shielded
         from ..reasoning import ThinkSplitter
 
         parts: list[str] = []
@@ -192,7 +193,6 @@ class ChatSession:
             self._show(splitter.flush(), parts)
         except KeyboardInterrupt:
             interrupted = True
-            pieces.close()
         except SystemExit:   # SIGTERM or SIGHUP mid-reply: keep what came; the chat is saved on the way out
             pieces.close()
             self._keep_reply("".join(parts), cut=True)
@@ -200,12 +200,15 @@ class ChatSession:
         except LlamaspecError as e:
             failed = True
             click.echo(f"\nerror: {e}", err=True)
-        reply = "".join(parts)
-        self._keep_reply(reply, cut=interrupted or failed)
-        self.last_stats = stats = self.pair.last_stats
-        click.echo()
-        if interrupted:
-            click.echo(dim("[stopped" + ("; the partial reply stays in the history]" if reply else "]")))
+        with shielded(interrupted):   # a second Ctrl-C while the stopped reply is put away: the same request
+            if interrupted:
+                pieces.close()
+            reply = "".join(parts)
+            self._keep_reply(reply, cut=interrupted or failed)
+            self.last_stats = stats = self.pair.last_stats
+            click.echo()
+            if interrupted:
+                click.echo(dim("[stopped" + ("; the partial reply stays in the history]" if reply else "]")))
         if stats is not None and stats.finish_reason == "context":
             click.echo(dim(f"[the context is full ({self.pair.n_ctx} tokens): /reset starts a new conversation, "
                            "or restart with a larger -c]"))

@@ -665,3 +665,21 @@ def test_run_samples_in_the_order_asked_for(tiny_models, monkeypatch, flags, ord
 def test_bad_sampler_order_is_one_line_usage_error_before_loading(tmp_path, flags, fragment):
     result = invoke(["run", "-m", tmp_path / "never-loaded.gguf", *flags, "x"])
     assert_one_line_error(result, fragment, code=2)
+
+
+def test_a_stopped_reply_is_put_away_with_ctrl_c_shielded():
+    """`interrupt.shielded` (chat: the stopped reply kept and its [stopped] line printed; a second Ctrl-C in
+    quick succession had cut that short, the partial reply lost): SIGINT ignored inside, Python's handler back after;
+    inactive, nothing changes."""
+    import os
+    import signal
+
+    from llamaspec.interrupt import shielded
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with shielded():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)   # ignored: no KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with shielded(False):
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
