@@ -676,10 +676,13 @@ def test_a_stopped_reply_is_put_away_with_ctrl_c_shielded():
 
     from llamaspec.interrupt import shielded
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with shielded():
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        os.kill(os.getpid(), signal.SIGINT)   # ignored: no KeyboardInterrupt
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with shielded(False):
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)   # a background run starts with SIG_IGN
+    try:
+        with shielded():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)   # ignored: no KeyboardInterrupt
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with shielded(False):
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
