@@ -369,7 +369,9 @@ class AutoPolicy(DraftPolicy):
         passes."""
         t, model = self.tuning, self.model
         optimistic = self._credit > 0
-        gain, speeds = model.survey(self.accept.estimates(), self.draft_max, optimistic)
+        # (estimates past position k + 2 held to the ones next to the draft: a change to a much longer draft is not
+        # taken on what an earlier text showed deep in the draft alone, Acceptance.near)
+        gain, speeds = model.survey(self.accept.near(self._k), self.draft_max, optimistic)
         if gain < t.min_gain and not model.draft.samples and not self._warm_checked and \
                 model.switch_cost > t.cold_matters * self.verify_time(1):
             # "no draft can pay", from cold passes only, where cold passes cost (a GPU; the first draft of a

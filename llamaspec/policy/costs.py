@@ -234,6 +234,20 @@ class Acceptance:
             out[j] = before
         return out
 
+    def near(self, k: int) -> list[float]:
+        """The estimates as a k-token draft weighs a change of length: past position k + 2, none above the lowest from
+        k + 1 on. A position past the ones after the current draft is judged only when a draft reaches it, so its
+        estimate may rest on an earlier text's judgements (a warm-up that agreed deep in the draft) that fading does
+        not move; a draft one or two tokens longer still reads them as they are (a code answer's deeper agreement
+        after a prose one: held from k + 2 on, its longer drafts came later), a much longer one is taken on what the
+        positions next to this one show, and the positions it reaches then judge themselves."""
+        out = self.estimates()
+        if k + 2 < self.k_max:
+            low = min(out[k + 1], out[k + 2])
+            for j in range(k + 3, self.k_max + 1):
+                low = out[j] = min(out[j], low)
+        return out
+
 
 def expected_tokens(acceptances: list[float], k: int) -> float:
     """tokens(k): the tokens a k-token draft yields per target pass, the target's own token included."""

@@ -1450,11 +1450,12 @@ def test_the_mtp_heads_recorded_runs_reach_the_best_fixed_k_in_the_first_request
 def test_a_warm_up_agreeing_deep_in_the_draft_costs_the_pair_little_on_the_timed_requests():
     """The H100 pair with the filters at 43795e6 lost 3.7% warm (a warm-up agreeing deep in the draft sent `auto` to 9
     and then 4 tokens three requests later, auto-policy-notes.md's last section). The simulator's case of it, the
-    pair's H100 costs and the run's rates by position: the floor it holds today (0.973 warm over 24 seeds, the control
-    with the warm-up at the timed rates 0.989), for the next change to raise, not lower."""
+    pair's H100 costs and the run's rates by position: the floor it holds today (0.978 warm over 24 seeds, worst 0.943,
+    since estimates past position k + 2 are held to the ones next to the draft, Acceptance.near; 0.973 and 0.920
+    before; the control with the warm-up at the timed rates 0.990), for the next change to raise, not lower."""
     from support.policy_sim import PAIR_FILTERS_TIMED, deep_warm_up
 
     cold, warm = deep_warm_up()
     _, control = deep_warm_up(warm_up=PAIR_FILTERS_TIMED)
-    assert np.mean(warm) >= 0.965 and min(warm) >= 0.91, (np.mean(warm), min(warm))
+    assert np.mean(warm) >= 0.975 and min(warm) >= 0.93, (np.mean(warm), min(warm))
     assert np.mean(control) >= 0.98 and np.mean(cold) >= 0.95, (np.mean(control), np.mean(cold))
