@@ -1447,6 +1447,26 @@ def test_the_mtp_heads_recorded_runs_reach_the_best_fixed_k_in_the_first_request
                     (regime, mode, [s["drafted"] for s in later])
 
 
+def test_the_pairs_recorded_run_takes_no_long_jump_on_what_its_warm_up_showed_deep_in_the_draft():
+    """The H100 pair with the filters at 43795e6, warm (two rounds): its warm-up request agreed deep in the draft, and
+    in the fourth timed request the policy of then jumped from two tokens to 9 on those positions' remembered estimates
+    (that request 0.877 of fixed k=2). The run's recorded calls fed to a fresh default policy: in the timed requests no
+    step drafting k chooses more than k + 2 (Acceptance.near: a much longer draft is taken on the positions next to
+    the current one); the warm-up request, whose own drafts judged its deep positions, still climbs at once."""
+    import json
+    from pathlib import Path
+
+    from support.policy_sim import replay_events
+
+    report = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / \
+        "h100-auto-suite-uniform-pair-filters-at-43795e6.json"
+    rows = {r["mode"]: r for r in json.loads(report.read_text()) if isinstance(r, dict) and "mode" in r}
+    for events in rows["auto+warm"]["auto_events"]:   # two rounds
+        steps = replay_events(events)
+        jumps = [(s["request"], s["drafted"], s["next"]) for s in steps if s["drafted"] and s["next"] > s["drafted"] + 2]
+        assert jumps and all(request == 1 for request, _, _ in jumps), jumps
+
+
 def test_a_warm_up_agreeing_deep_in_the_draft_costs_the_pair_little_on_the_timed_requests():
     """The H100 pair with the filters at 43795e6 lost 3.7% warm (a warm-up agreeing deep in the draft sent `auto` to 9
     and then 4 tokens three requests later, auto-policy-notes.md's last section). The simulator's case of it, the
