@@ -362,11 +362,12 @@ def test_warm_up_runs_each_draft_length_measures_its_costs_and_forgets_the_text(
     pair = fake_pair(0.0, policy)
     pair.warm_up()
     sizes = [n for n in pair.target_ctx.evals[1:] if n <= 6]   # after the prompt's (the sampled sweep's is longer)
-    assert sizes[:42] == [n for n in range(6, 0, -1) for _ in range(7)]   # greedy: 7 steps of each k (5 warm)
-    assert sizes[42:48] == [6, 5, 4, 3, 2, 1]                               # then sampled, once each
+    sweep = [n for n in range(6, 0, -1) for _ in range(4)]     # greedy: 4 steps of each k (2 warm), three times over
+    assert sizes[:72] == sweep * 3
+    assert sizes[72:78] == [6, 5, 4, 3, 2, 1]                                  # then sampled, once each
     assert pair.policy is policy and pair.target_ctx.tokens == [] and pair.draft_ctx.tokens == []
     assert sorted(pair.costs.verify) == [1, 2, 3, 4, 5, 6] and pair.costs.draft > 0
-    assert len(pair.costs.excess) == 12                                              # two cold passes a size
+    assert len(pair.costs.excess) == 36                                    # two cold passes a size, each sweep
     assert sorted(pair.costs.drafts) == [1, 2, 3, 4, 5] and all(v > 0 for v in pair.costs.drafts.values())
     auto = make_policy("auto", draft_max=5)
     pair.set_policy(auto)   # every policy taken from here on starts from them

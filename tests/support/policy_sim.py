@@ -31,8 +31,11 @@ from statistics import median
 from typing import Callable
 
 from llamaspec.policy import AutoPolicy, AutoTuning, Costs, DraftPolicy, FixedPolicy, Hooks, make_policy
+from llamaspec.policy.calibration import _SWEEPS, _WARM_SAMPLES
 
 WINDOW, MAX_CATCHUP = 64, 128   # ModelDrafter's defaults
+# the load's errors where a report draws them: 3% a pass, each size's warm passes as calibration.py times them
+LOAD_ERRORS = (0.03, _WARM_SAMPLES, _SWEEPS)
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,22 @@ class Machine:
         extra = self.switch[0] if same_before == 0 else self.switch[1] if same_before == 1 else 0.0
         return self.verify(n) + extra + self.per_context * context
 
-    def costs(self, k_max: int, noise: float = 0.0, samples: int = 1, rng: random.Random | None = None) -> Costs:
+    def costs(self, k_max: int, noise: float = 0.0, samples: int = 1, rng: random.Random | None = None,
+              sweeps: int = 1, stretch: float = 0.0) -> Costs:
         """What Pair.warm_up measures (on a short prompt: no context): warm passes of every size, a drafted token,
         the cold passes' excess; with `noise`, each pass and drafting step it times off by a normal error of that
-        relative size, and the median of `samples` of them kept (calibration.py's warm samples of each size)."""
-        def timed(seconds: float) -> float:
-            if not noise:
+        relative size, and the median of `samples` of them kept (calibration.py's warm samples of each size), taken
+        in `sweeps` sweeps over the sizes (samples / sweeps of a size in a row each). `stretch`: a slow stretch of the
+        machine while one sweep timed one size (drawn), all of its passes there that much slower."""
+        slow = (rng.randrange(1, k_max + 2), rng.randrange(sweeps)) if stretch else None
+
+        def timed(seconds: float, n: int = 0) -> float:
+            if not noise and not stretch:
                 return seconds
-            return median(seconds * (1.0 + noise * rng.gauss(0.0, 1.0)) for _ in range(samples))
-        return Costs({n: timed(self.verify(n)) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
+            each = samples // sweeps
+            return median(seconds * (1.0 + noise * rng.gauss(0.0, 1.0)) * (1.0 + stretch if (n, i // each) == slow
+                                                                          else 1.0) for i in range(samples))
+        return Costs({n: timed(self.verify(n), n) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
                      [self.switch[0], self.switch[1]] * (k_max + 1),
                      {k: timed(self.draft_step + k * self.draft_cost) for k in range(1, k_max + 1)})
 
@@ -169,8 +179,8 @@ def simulate(policy: DraftPolicy, machine: Machine, acceptance: float, requests:
 
     out = RunResult()
     hooks = Hooks(policy)   # as Pair.set_policy takes a policy
-    noise, samples = calibration
-    hooks.attach("per_token", machine.costs(policy.draft_max, noise, samples, random.Random(seed ^ 0xCA1))
+    noise, samples, *layout = calibration
+    hooks.attach("per_token", machine.costs(policy.draft_max, noise, samples, random.Random(seed ^ 0xCA1), *layout)
                  if machine.gpu else None)
 
     def spend(seconds: float) -> float:   # a phase that starts now, on the loaded machine
@@ -405,21 +415,30 @@ def walk_cold_and_warm(seeds: int, calibration: tuple = (0.0, 1), machine: Machi
 
 def calibration(seeds: int = 40) -> None:
     """The synthetic MTP file's own answers with the costs measured at load off by a normal error a pass, and the
-    median of 1, 3 or 5 warm passes kept (calibration.py keeps 5): auto against the best fixed k."""
+    median of 1, 3 or 5 warm passes of a size in a row kept, or of 6 taken in 3 sweeps over the sizes (what
+    calibration.py keeps); then a slow stretch of the machine while the load timed one size in one sweep (all of
+    those passes 6% slow, as one H100 load priced a 3-token pass): auto against the best fixed k."""
+    def row(label: str, layout: str, cal: tuple, **kw) -> None:
+        cold, warm = walk_cold_and_warm(seeds if cal[0] else 1, cal, **kw)
+        print(f"| {label} | {layout} | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
+              f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
+
+    now = f"{_WARM_SAMPLES} in {_SWEEPS} sweeps"
     print(f"{seeds} draws of the load's errors; the synthetic 27B MTP file's greedy answers on the H100's costs")
     print("| error a pass | warm passes kept | cold mean [min] | warm mean [min] |")
     print("|---|---|---|---|")
     for noise in (0.0, 0.01, 0.02, 0.03):
         for samples in ((1,) if not noise else (1, 3, 5)):
-            cold, warm = walk_cold_and_warm(seeds if noise else 1, (noise, samples))
-            print(f"| {noise:.0%} | {samples} | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
-                  f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
-    cold, warm = walk_cold_and_warm(seeds, (0.03, 5), MTP_SYNTH_H200)
-    print(f"| 3%, the H200's costs (7beabe5) | 5 | {sum(cold) / len(cold):.3f} [{min(cold):.3f}] | "
-          f"{sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
-    cold, warm = walk_cold_and_warm(seeds, (0.03, 5), PAIR_SYNTH_H100, pair=True)
-    print(f"| 3%, the 32B pair's answers on the H100's costs (f19e918) | 5 | {sum(cold) / len(cold):.3f} "
-          f"[{min(cold):.3f}] | {sum(warm) / len(warm):.3f} [{min(warm):.3f}] |")
+            row(f"{noise:.0%}", str(samples), (noise, samples))
+        if noise:
+            row(f"{noise:.0%}", now, (noise, _WARM_SAMPLES, _SWEEPS))
+    row("3%, the H200's costs (7beabe5)", now, LOAD_ERRORS, machine=MTP_SYNTH_H200)
+    row("3%, the 32B pair's answers on the H100's costs (f19e918)", now, LOAD_ERRORS, machine=PAIR_SYNTH_H100,
+        pair=True)
+    for name, kw in (("", {}), (", the 32B pair's answers", {"machine": PAIR_SYNTH_H100, "pair": True})):
+        row(f"1% and a slow stretch: one size 6% slow in one sweep{name}", "5 in a row", (0.01, 5, 1, 0.06), **kw)
+        row(f"1% and a slow stretch: one size 6% slow in one sweep{name}", now, (0.01, _WARM_SAMPLES, _SWEEPS, 0.06),
+            **kw)
 
 
 # the synthetic 27B on the H100 at depth: a pass reads the KV cache of its 16 attention layers (4 KV heads of 256, f16:
@@ -457,7 +476,7 @@ def deep(seeds: int = 12) -> None:
             if not told:
                 policy.held = lambda tokens: None
             ratios.append(simulate(policy, machine, 0.0, session=plan, seed=seed,
-                                   calibration=(0.03, 5)).throughput / fixed[best])
+                                   calibration=LOAD_ERRORS).throughput / fixed[best])
         print(f"| {name} | k={best} | {sum(ratios) / seeds:.3f} [{min(ratios):.3f}] |")
 
 
@@ -478,10 +497,10 @@ def deep_warm_up(seeds: int = 24, warm_up: list = DEEP_WARM_UP) -> tuple[list, l
         best = max(simulate(FixedPolicy(k), PAIR_SYNTH_H100, PAIR_FILTERS_TIMED, requests=4, max_tokens=128,
                             seed=seed).throughput for k in (1, 2, 3, 5, 8))
         cold.append(simulate(make_policy("auto", draft_max=12), PAIR_SYNTH_H100, PAIR_FILTERS_TIMED, requests=4,
-                             max_tokens=128, seed=seed, calibration=(0.03, 5)).throughput / best)
+                             max_tokens=128, seed=seed, calibration=LOAD_ERRORS).throughput / best)
         policy = make_policy("auto", draft_max=12)
         simulate(policy, PAIR_SYNTH_H100, warm_up, requests=1, max_tokens=128, seed=seed + 100,
-                 calibration=(0.03, 5))
+                 calibration=LOAD_ERRORS)
         warm.append(simulate(policy, PAIR_SYNTH_H100, PAIR_FILTERS_TIMED, requests=4, max_tokens=128,
                              seed=seed).throughput / best)
     return cold, warm
