@@ -707,21 +707,31 @@ def replay(path: str, seeds: int = 24) -> None:
         print(f"| {mode} | {run['tps'] / best_measured:.3f} | {mean(replayed):.3f} | {mean(own):.3f} |")
 
 
-def replay_events(events: list) -> list[dict]:
+def replay_events(events: list, verify: dict | None = None, until_departure: bool = False) -> list[dict]:
     """Feed a run's recorded calls (bench_engine's `auto_events`) to a fresh AutoPolicy, in order, and return one
     record a drafted or plain step: the length the policy chose before it (`chosen`), the length the engine ran
     (`drafted`: shorter where a request's end or the context clamped it), and after it the policy's acceptance
     estimates, the tok/s its cost model predicts for each k, and the gain over the current k a change must show to
     repay its two cold passes within `horizon` steps. The policy is deterministic in what it is told, so where
-    every `chosen` is `drafted` (or the engine's clamp), the replay is the run's own policy."""
+    every `chosen` is `drafted` (or the engine's clamp), the replay is the run's own policy.
+    `verify` ({size: seconds}): the load's price of those passes otherwise than the run's load measured them; with
+    `until_departure` the replay ends at the first step whose `chosen` is not what the run drafted (the recorded calls
+    after it answer lengths this policy would not have drafted), a shorter draft where the request's last tokens cut
+    it (the engine's clamp) not counted."""
     policy, request, out = None, 0, []
-    for event in events:
+    left = [0] * (len(events) + 1)   # tokens the steps from each event on emit within its request
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        left[i] = 0 if e[0] == "request" else left[i + 1] + (e[2] + 1 if e[0] == "update" else 0)
+    for i, event in enumerate(events):
         kind = event[0]
         if kind == "policy":
             policy = make_policy("auto", draft_max=event[1], draft_p_min=event[2])
         elif kind == "attach":
             c = event[2]
-            costs = None if c is None else Costs({int(n): t for n, t in c["verify"].items()}, c["draft"],
+            prices = {int(n): t for n, t in c["verify"].items()} if c is not None else {}
+            prices.update(verify or {})
+            costs = None if c is None else Costs(prices, c["draft"],
                                                  list(c["excess"]), {int(k): t for k, t in c["drafts"].items()})
             policy.attach(event[1], costs)
         elif kind == "request":
@@ -745,6 +755,8 @@ def replay_events(events: list) -> list[dict]:
             out.append(dict(request=request, chosen=chosen, drafted=drafted, accepted=accepted,
                             draft_ms=1000 * draft_seconds, verify_ms=1000 * verify_seconds, next=k,
                             estimates=estimates[1:k_max + 1], speeds=speeds, best=best, needed=needed))
+            if until_departure and chosen != drafted and (drafted > chosen or drafted + 2 < left[i]):
+                break
     return out
 
 
