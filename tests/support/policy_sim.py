@@ -70,10 +70,11 @@ class Machine:
         machine while one sweep timed one size (drawn), all of its passes there that much slower."""
         slow = (rng.randrange(1, k_max + 2), rng.randrange(sweeps)) if stretch else None
 
+        each = max(samples // sweeps, 1)   # a size's samples in a row, each sweep
+
         def timed(seconds: float, n: int = 0) -> float:
             if not noise and not stretch:
                 return seconds
-            each = samples // sweeps
             return median(seconds * (1.0 + noise * rng.gauss(0.0, 1.0)) * (1.0 + stretch if (n, i // each) == slow
                                                                           else 1.0) for i in range(samples))
         return Costs({n: timed(self.verify(n), n) for n in range(1, k_max + 2)}, self.draft_cost + self.draft_step,
@@ -729,10 +730,9 @@ def replay_events(events: list, verify: dict | None = None, until_departure: boo
             policy = make_policy("auto", draft_max=event[1], draft_p_min=event[2])
         elif kind == "attach":
             c = event[2]
-            prices = {int(n): t for n, t in c["verify"].items()} if c is not None else {}
-            prices.update(verify or {})
-            costs = None if c is None else Costs(prices, c["draft"],
-                                                 list(c["excess"]), {int(k): t for k, t in c["drafts"].items()})
+            costs = None if c is None else Costs({**{int(n): t for n, t in c["verify"].items()}, **(verify or {})},
+                                                 c["draft"], list(c["excess"]),
+                                                 {int(k): t for k, t in c["drafts"].items()})
             policy.attach(event[1], costs)
         elif kind == "request":
             request += 1
