@@ -1,18 +1,11 @@
 """benchmarks/probes/auto_step_cost.py: auto's cost a step inside the engine, apart from the lengths it chooses."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from benchmarks.probes.auto_step_cost import Replay
 from llamaspec.policy import FixedPolicy
-
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "auto_step_cost.py"
+from support.scripts import run_script
 
 
 def run(*args):
-    env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
-    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=300, env=env)
+    return run_script("probes/auto_step_cost.py", *args)
 
 
 def test_replay_drafts_a_traces_lengths_from_each_requests_start_and_tells_its_watcher():
@@ -30,13 +23,8 @@ def test_replay_drafts_a_traces_lengths_from_each_requests_start_and_tells_its_w
     assert [step[0] for step in seen] == lengths     # the watcher is told every step, as the engine told the replay
 
 
-def test_the_five_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tmp_path):
-    from benchmarks.synthetic import synth_mtp
-
-    model = tmp_path / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+def test_the_five_variants_run_on_a_hybrids_mtp_head_at_the_traces_reach(tiny_mtp):
+    model = tiny_mtp
     done = run("--target", str(model), "--drafter", "mtp", "-n", "16", "--repeat", "1", "--mix", "0s0332",
                "--no-repack")
     assert done.returncode == 0, done.stderr

@@ -31,13 +31,8 @@ def test_rounds_sum_into_one_row_with_each_requests_tokens_over_its_time():
     assert merge_rounds([one]) is one and one.round_tps == []    # one round: the row as it ran
 
 
-def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path):
-    from benchmarks.synthetic import synth_mtp
-
-    model = tmp_path / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+def test_a_run_in_two_rounds_reports_each_and_auto_s_trace_once_a_round(tmp_path, tiny_mtp):
+    model = tiny_mtp
     out, js = tmp_path / "r.md", tmp_path / "r.json"
     env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
     done = subprocess.run([sys.executable, str(BENCH), "--target", str(model), "--drafter", "mtp", "--k", "1",

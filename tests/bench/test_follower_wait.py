@@ -8,13 +8,8 @@ from pathlib import Path
 PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "follower_wait.py"
 
 
-def test_it_counts_every_hidden_state_read_of_an_mtp_run_and_splits_its_wait(tmp_path):
-    from benchmarks.synthetic import synth_mtp
-
-    model = tmp_path / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+def test_it_counts_every_hidden_state_read_of_an_mtp_run_and_splits_its_wait(tiny_mtp):
+    model = tiny_mtp
     done = subprocess.run([sys.executable, str(PROBE), "--target", str(model), "--drafter", "mtp", "--modes", "fixed",
                            "--k", "2", "--regimes", "greedy", "--peers", "", "--tokens", "8", "--per-set", "1",
                            "--no-repack", "--threads", "2"], capture_output=True, text=True, timeout=300,

@@ -1,26 +1,15 @@
 """benchmarks/probes/profile_step.py: where a step's Python time goes, for a draft model or a drafter of the target's
 own (the MTP head), on the pair a user's load of those settings gives."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "profile_step.py"
+from support.scripts import run_script
 
 
 def run(*args):
-    env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
-    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=300, env=env)
+    return run_script("probes/profile_step.py", *args)
 
 
-def test_the_mtp_head_is_profiled_within_the_snapshots_a_users_load_keeps(tmp_path):
+def test_the_mtp_head_is_profiled_within_the_snapshots_a_users_load_keeps(tiny_mtp):
     # a hybrid target's default `auto` drafts at most the MTP kind's reach (3 snapshots), fixed k as given
-    from benchmarks.synthetic import synth_mtp
-
-    model = tmp_path / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+    model = tiny_mtp
     auto = run("--target", str(model), "--drafter", "mtp", "--policy", "auto", "-n", "16", "--no-repack",
                "--top", "3")
     assert auto.returncode == 0, auto.stderr

@@ -1,25 +1,15 @@
 """benchmarks/probes/warm_up_layouts.py: the load's warm-up timed in two layouts on one pair, alternately."""
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "warm_up_layouts.py"
+from support.scripts import run_script
 
 
 def run(*args):
-    env = dict(os.environ, LLAMASPEC_NO_REPACK="1")
-    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=300, env=env)
+    return run_script("probes/warm_up_layouts.py", *args)
 
 
-def test_both_layouts_price_every_size_up_to_the_heads_reach(tmp_path):
-    from benchmarks.synthetic import synth_mtp
-
-    model = tmp_path / "tiny-mtp.gguf"
-    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+def test_both_layouts_price_every_size_up_to_the_heads_reach(tiny_mtp):
+    model = tiny_mtp
     done = run("--target", str(model), "--drafter", "mtp", "--repeat", "2", "--layouts", "1x5,3x2", "--no-repack")
     assert done.returncode == 0, done.stderr
     out = done.stdout
