@@ -132,6 +132,21 @@ def tiny_models(tmp_path_factory, vocab_dir) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_mtp(tmp_path_factory) -> Path:
+    """benchmarks/synthetic/synth_mtp.py --preset tiny: a qwen35-shaped hybrid at width 256 whose MTP head agrees 70%,
+    for the benchmarks' probes (read it, never write it: the session's tests share it)."""
+    import subprocess
+
+    from benchmarks.synthetic import synth_mtp
+
+    model = tmp_path_factory.mktemp("tiny-mtp") / "tiny-mtp.gguf"
+    made = subprocess.run([sys.executable, synth_mtp.__file__, str(model), "--preset", "tiny"], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    return model
+
+
+@pytest.fixture(scope="session")
 def real_models() -> Path:
     folder = os.environ.get("LLAMASPEC_TEST_MODELS")
     if not folder:
