@@ -57,6 +57,8 @@ def main() -> None:
         ap.error(str(e))
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if a.draft_max is not None and a.draft_max < 1:
+        ap.error(f"--draft-max must be at least 1, got {a.draft_max}")
     if (a.draft is None) == (a.drafter == "model"):
         ap.error("give --draft with --drafter model, and no --draft with --drafter mtp")
 

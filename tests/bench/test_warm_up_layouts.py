@@ -27,5 +27,7 @@ def test_a_bad_layout_or_a_missing_file_says_so_in_one_line(tmp_path):
     assert bad.returncode == 2 and "SWEEPSxWARM" in bad.stderr and "Traceback" not in bad.stderr
     zero = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp", "--layouts", "0x2")
     assert zero.returncode == 2 and "Traceback" not in zero.stderr
+    short = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp", "--draft-max", "0")
+    assert short.returncode == 2 and "--draft-max" in short.stderr and "Traceback" not in short.stderr
     missing = run("--target", str(tmp_path / "t.gguf"), "--drafter", "mtp")
     assert missing.returncode == 1 and "no such model file" in missing.stderr and "Traceback" not in missing.stderr
